@@ -1,0 +1,1 @@
+"""Models: heterogeneous client families (`families`) and frozen text encoders (`text`)."""
