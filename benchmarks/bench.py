@@ -1,0 +1,114 @@
+"""The project's benchmark: model training speed and the simulator's own overhead.
+
+    python benchmarks/bench.py                      # both parts, markdown tables
+    python benchmarks/bench.py --part models --families htfe-cpu htfe2
+    python benchmarks/bench.py --part round --data ../shared/data/cifar10-jpg.tar.gz
+
+Part "models": training images/s of every architecture of the chosen families (batch 100,
+32x32, forward + backward + SGD step, fp32, the machine's default thread count).
+Part "round": one 20-client CIFAR-10 round of the real simulator, split into its phases;
+the overhead is the round's wall time minus the time spent inside model forward /
+backward / optimiser calls and the server step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import tempfile
+import time
+
+import torch
+
+from fedtsp.config import RunConfig
+from fedtsp.models.families import build_model, count_parameters, resolve_family
+from fedtsp.simulation import run_experiment
+
+
+def train_speed(arch: str, batch: int, steps: int, warmup: int = 2) -> float:
+    model = build_model(arch, num_classes=10, feature_dim=512)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, 3, 32, 32)
+    y = torch.randint(0, 10, (batch,))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for i in range(warmup + steps):
+        if i == warmup:
+            start = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        opt.step()
+    return batch * steps / (time.perf_counter() - start)
+
+
+def bench_models(families: list[str], batch: int, seconds: float) -> None:
+    archs = list(dict.fromkeys(a for f in families for a in resolve_family(f)))
+    print(f"\n### Training speed (batch {batch}, 32x32, fp32, {torch.get_num_threads()} threads)\n")
+    print("| model | parameters (M) | images/s |")
+    print("| --- | ---: | ---: |")
+    for arch in archs:
+        probe = train_speed(arch, batch, steps=1, warmup=1)  # sizes the timed run
+        steps = max(3, int(seconds * probe / batch))
+        speed = train_speed(arch, batch, steps)
+        params = count_parameters(build_model(arch, num_classes=10, feature_dim=512)) / 1e6
+        print(f"| {arch} | {params:.2f} | {speed:,.0f} |", flush=True)
+
+
+def bench_round(
+    data: str | None, family: str, fraction: float, algorithm: str, epochs: int
+) -> None:
+    config = RunConfig(
+        dataset="cifar10",
+        alpha=0.1,
+        num_clients=20,
+        fraction=fraction,
+        family=family,
+        algorithm=algorithm,
+        rounds=1,
+        local_epochs=epochs,
+    )
+    with tempfile.TemporaryDirectory() as out:
+        record = run_experiment(config, data=data, out=out, progress=False)
+    row = record["history"][0]
+    t = row["timings"]
+    wall = row["wall"]
+    overhead = wall - t["model"] - t["server"]
+    n_train = sum(record["partition"]["train_sizes"])
+    print(
+        f"\n### One round: CIFAR-10 Dir(0.1), 20 clients, {family}, {algorithm}, "
+        f"fraction {fraction} ({n_train} train images), {epochs} local epochs\n"
+    )
+    print("| phase | seconds | share |")
+    print("| --- | ---: | ---: |")
+    for name in ("train", "evaluate", "upload", "server", "broadcast", "checkpoint"):
+        print(f"| {name} | {t[name]:.2f} | {t[name] / wall:.1%} |")
+    print(f"| **round wall** | {wall:.2f} | 100% |")
+    print(f"| inside model forward/backward/step | {t['model']:.2f} | {t['model'] / wall:.1%} |")
+    print(
+        f"| simulator overhead (wall - model - server) | {overhead:.2f} | {overhead / wall:.1%} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=["models", "round", "all"], default="all")
+    parser.add_argument(
+        "--families", nargs="+", default=["htfe-cpu", "htfe2", "htfe3", "htfe4", "htfe8", "htfe9"]
+    )
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--seconds", type=float, default=3.0, help="timed seconds per model")
+    parser.add_argument("--data", default=None, help="CIFAR-10 source (else $FEDTSP_DATA / cache)")
+    parser.add_argument("--family", default="htfe-cpu", help="family for the round benchmark")
+    parser.add_argument("--fraction", type=float, default=0.25)
+    parser.add_argument("--algorithm", default="fedtsp")
+    parser.add_argument("--local-epochs", type=int, default=5)
+    args = parser.parse_args()
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}")
+    if args.part in ("models", "all"):
+        bench_models(args.families, args.batch, args.seconds)
+    if args.part in ("round", "all"):
+        bench_round(args.data, args.family, args.fraction, args.algorithm, args.local_epochs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+import sys
+
+from fedtsp.cli import main
+
+sys.exit(main())

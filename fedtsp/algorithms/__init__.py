@@ -1,0 +1,24 @@
+"""Federated algorithms, one file per method, all on the interface in `base`."""
+
+from fedtsp.algorithms import fedproto, fedtsp, local  # noqa: F401  (registers the methods)
+from fedtsp.algorithms.base import (
+    ALGORITHMS,
+    Algorithm,
+    Message,
+    RunContext,
+    algorithm_names,
+    get_algorithm,
+    options_help,
+    resolve_options,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "Message",
+    "RunContext",
+    "algorithm_names",
+    "get_algorithm",
+    "options_help",
+    "resolve_options",
+]

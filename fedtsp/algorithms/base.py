@@ -1,0 +1,210 @@
+"""The algorithm interface: the few hooks in which federated methods differ.
+
+A method is one subclass holding only what makes it different. The simulator (and the
+Flower adapter) drive every method the same way, once per round:
+
+    evaluate (predict) -> local training (train_loss, with local_loss as the usual extra
+    term) -> upload -> server_step -> receive
+
+Messages are plain ``dict[str, Tensor]``. Server state lives on the algorithm object
+(``state_dict``), per-client state lives in ``client.state`` so that both can be
+checkpointed and moved to another process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+if typing.TYPE_CHECKING:
+    from fedtsp.clients import Client
+
+Message = dict[str, Tensor]
+
+
+@dataclass
+class RunContext:
+    """Facts about the run that every algorithm may need."""
+
+    dataset: str
+    class_names: list[str]
+    feature_dim: int
+    num_clients: int
+    rounds: int
+    device: torch.device
+    seed: int
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+@dataclass
+class NoOptions:
+    """Algorithms without hyperparameters of their own."""
+
+
+class Algorithm:
+    """Base class; the defaults describe plain local training with a personal model."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any, ctx: RunContext) -> None:
+        self.opts = options
+        self.ctx = ctx
+
+    # ---- sizing -------------------------------------------------------------------
+    @classmethod
+    def required_feature_dim(cls, options: Any) -> int | None:
+        """A width the method imposes on the feature extractor (None: no constraint)."""
+        return None
+
+    # ---- set-up ---------------------------------------------------------------------
+    def setup(self, clients: list[Client]) -> Message | None:
+        """Called once after the clients exist; may return a first broadcast."""
+        return None
+
+    def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
+        """Parameters the client's local optimiser updates."""
+        return list(client.model.parameters())
+
+    # ---- client side ----------------------------------------------------------------
+    def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
+        feats = client.model.features(x)
+        logits = client.model.head(feats)
+        loss = F.cross_entropy(logits, y)
+        extra = self.local_loss(client, x, y, feats, logits)
+        return loss if extra is None else loss + extra
+
+    def local_loss(
+        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
+    ) -> Tensor | None:
+        """Extra term added to the client's cross-entropy (None: nothing)."""
+        return None
+
+    def predict(self, client: Client, x: Tensor) -> Tensor:
+        """Logits used for evaluation (default: the client's own head)."""
+        return client.model(x)
+
+    def upload(self, client: Client) -> Message:
+        """What a client sends after local training."""
+        return {}
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        """What a client does with the server's reply."""
+
+    # ---- server side ----------------------------------------------------------------
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        """Aggregate the uploads of one round; return the broadcast."""
+        return {}
+
+    def round_metrics(self) -> dict[str, float]:
+        """Scalars the server wants in this round's history (e.g. its own loss)."""
+        return {}
+
+    def artifacts(self) -> dict[str, Tensor]:
+        """Tensors worth keeping with the run record (e.g. global class prototypes)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+# ---- registry -------------------------------------------------------------------------
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register(cls: type[Algorithm]) -> type[Algorithm]:
+    if not cls.name or cls.name in ALGORITHMS:
+        raise ValueError(f"algorithm name {cls.name!r} is empty or registered twice")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def algorithm_names() -> list[str]:
+    return sorted(ALGORITHMS)
+
+
+def get_algorithm(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise ValueError(
+            f"unknown algorithm {name!r}; choose one of {', '.join(algorithm_names())}"
+        ) from None
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Turn CLI strings into the option's declared type (bool, int, float, str, optional)."""
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        if value is None or (isinstance(value, str) and value.lower() == "none"):
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if isinstance(value, str) and annotation is not str:
+        if annotation is bool:
+            low = value.lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"{where}={value!r} is invalid; expected true or false")
+        try:
+            return annotation(value)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{where}={value!r} is invalid; expected a {annotation.__name__}"
+            ) from None
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def resolve_options(name: str, values: dict[str, Any]) -> Any:
+    """Build the algorithm's Options from a dict, rejecting unknown keys and bad types."""
+    from fedtsp.config import ConfigError
+
+    cls = get_algorithm(name)
+    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        allowed = ", ".join(sorted(fields)) or "none"
+        raise ConfigError(
+            f"algorithm {name!r} has no option(s) {', '.join(unknown)}; its options: {allowed}"
+        )
+    hints = typing.get_type_hints(cls.Options)
+    try:
+        coerced = {k: _coerce(v, hints[k], k) for k, v in values.items()}
+        options = cls.Options(**coerced)
+    except ValueError as exc:
+        raise ConfigError(f"algorithm {name!r}: {exc}") from None
+    check = getattr(options, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as exc:
+            raise ConfigError(f"algorithm {name!r}: {exc}") from None
+    return options
+
+
+def options_help(name: str) -> list[tuple[str, Any, str]]:
+    """(option, default, help) for each option of an algorithm, for --help and the docs."""
+    cls = get_algorithm(name)
+    return [
+        (f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls.Options)
+    ]
+
+
+def option(default: Any, help: str) -> Any:
+    """A documented option field: ``lam: float = option(1.0, "weight of ...")``."""
+    return dataclasses.field(default=default, metadata={"help": help})

@@ -1,0 +1,191 @@
+"""FedTSP: federated prototype learning with text-derived class prototypes.
+
+The server turns class prompts (a template or LLM-written descriptions) into class
+prototypes with a frozen pre-trained language model. Trainable class-specific context
+vectors are tuned on the server for ``server_epochs`` full-batch SGD steps of an InfoNCE
+loss that matches each text prototype to its class's aggregated client image prototype
+(Eq. 7); clients add ``lam * CE(cos(f(x), T) / tau, y)`` to their cross-entropy (Eq. 8)
+with the server-learnt temperature. Heads stay personal.
+
+Paper vs authors' code: the paper averages image prototypes weighted by sample counts
+(Eq. 6, ``weighting="samples"``); the code uses an unweighted mean over the clients that
+hold the class (``weighting="uniform"``). The authors' code writes the context vectors
+over the first token positions including the start token (``prompt_position=
+"replace_first"``); ``"after_start"`` keeps the start/[CLS] token.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.clients import Client
+
+# Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.
+_SMALL_LABEL_SETS = ("cifar10", "fmnist")
+
+
+@dataclass
+class FedTSPOptions:
+    lam: float = option(7.0, "weight of the client-side text-prototype alignment (Eq. 8)")
+    text_encoder: str = option("minilm", "frozen PLM that encodes the prompts")
+    description_file: str | None = option(
+        None, "class descriptions (authors' JSON schema); unset: 'A photo of a {class}.'"
+    )
+    trainable_prompts: bool = option(True, "tune class-specific context vectors on the server")
+    prompt_tokens: int | None = option(
+        None, "context vectors per class m (unset: 1 on CIFAR-10, else 10)"
+    )
+    prompt_position: str = option("replace_first", "replace_first (authors) or after_start")
+    server_epochs: int | None = option(
+        None, "server InfoNCE steps E_s (unset: 1 on CIFAR-10, else 20)"
+    )
+    server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale")
+    weighting: str = option("samples", "image-prototype average: samples (paper) or uniform (code)")
+
+    def validate(self) -> None:
+        from fedtsp.models.text import text_encoder_names
+
+        if self.text_encoder not in text_encoder_names():
+            raise ValueError(
+                f"text_encoder={self.text_encoder!r} is invalid; choose one of "
+                f"{', '.join(text_encoder_names())}"
+            )
+        if self.lam < 0:
+            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
+        if self.prompt_tokens is not None and self.prompt_tokens < 1:
+            raise ValueError(f"prompt_tokens={self.prompt_tokens} is invalid; must be >= 1")
+        if self.server_epochs is not None and self.server_epochs < 0:
+            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
+        if self.prompt_position not in ("replace_first", "after_start"):
+            raise ValueError(
+                f"prompt_position={self.prompt_position!r} is invalid; "
+                "choose replace_first or after_start"
+            )
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        if self.description_file is not None:
+            from pathlib import Path
+
+            if not Path(self.description_file).is_file():
+                raise ValueError(f"description_file={self.description_file!r} does not exist")
+
+
+@register
+class FedTSP(Algorithm):
+    name = "fedtsp"
+    Options = FedTSPOptions
+
+    @classmethod
+    def required_feature_dim(cls, options: FedTSPOptions) -> int:
+        from fedtsp.models.text import text_encoder_width
+
+        return text_encoder_width(options.text_encoder)
+
+    def _dataset_default(self, value: int | None, small: int, large: int) -> int:
+        if value is not None:
+            return value
+        return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
+
+    def setup(self, clients: list[Client]) -> Message:
+        from fedtsp.descriptions import class_prompts
+        from fedtsp.models.prompts import PromptLearner
+        from fedtsp.models.text import build_text_encoder
+
+        opts = self.opts
+        prompts = class_prompts(
+            self.ctx.class_names,
+            "manual" if opts.description_file is None else "file",
+            opts.description_file,
+        )
+        encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
+        n_ctx = self._dataset_default(opts.prompt_tokens, 1, 10) if opts.trainable_prompts else 0
+        self.server_epochs = (
+            self._dataset_default(opts.server_epochs, 1, 20) if opts.trainable_prompts else 0
+        )
+        self.learner = PromptLearner(
+            encoder, prompts, n_ctx=n_ctx, position=opts.prompt_position
+        ).to(self.ctx.device)
+        trainable = [p for p in self.learner.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
+        self.last_server_loss = float("nan")
+        return self._broadcast()
+
+    @torch.no_grad()
+    def _broadcast(self) -> Message:
+        self.text_protos = self.learner().detach().float()
+        return {"text_protos": self.text_protos, "logit_scale": self.learner.logit_scale.detach()}
+
+    # ---- client side ----------------------------------------------------------------
+    def local_loss(
+        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
+    ) -> Tensor | None:
+        text = client.state.get("text_protos")
+        if text is None or self.opts.lam == 0:
+            return None
+        sims = F.normalize(feats.float(), dim=1) @ text.T  # text rows are unit-norm already
+        return self.opts.lam * F.cross_entropy(client.state["logit_scale"].exp() * sims, y)
+
+    def upload(self, client: Client) -> Message:
+        means, counts = client.class_prototypes()
+        return {"protos": means, "counts": counts}
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        client.state["text_protos"] = F.normalize(broadcast["text_protos"], dim=1).to(client.device)
+        client.state["logit_scale"] = broadcast["logit_scale"].to(client.device)
+
+    # ---- server side ----------------------------------------------------------------
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        image_protos, present = aggregate_prototypes(
+            [u["protos"] for u in uploads], [u["counts"] for u in uploads], self.opts.weighting
+        )
+        self.image_protos = image_protos
+        if self.optimizer is not None and self.server_epochs > 0 and int(present.sum()) > 1:
+            target = F.normalize(image_protos[present].to(self.ctx.device), dim=1)
+            labels = torch.arange(target.shape[0], device=target.device)
+            for _ in range(self.server_epochs):
+                text = F.normalize(self.learner()[present], dim=1)
+                loss = F.cross_entropy(self.learner.logit_scale.exp() * text @ target.T, labels)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+            self.last_server_loss = float(loss.detach())
+        return self._broadcast()
+
+    def round_metrics(self) -> dict[str, float]:
+        return {
+            "server_loss": self.last_server_loss,
+            "tau": math.exp(-float(self.learner.logit_scale)),
+        }
+
+    def artifacts(self) -> dict[str, Tensor]:
+        out = {"global_prototypes": self.text_protos}
+        if getattr(self, "image_protos", None) is not None:
+            out["image_prototypes"] = self.image_protos
+        return out
+
+    def state_dict(self) -> dict:
+        return {
+            "learner": {
+                k: v for k, v in self.learner.state_dict().items() if "ctx" in k or "logit" in k
+            },
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "last_server_loss": self.last_server_loss,
+            "image_protos": getattr(self, "image_protos", None),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.learner.load_state_dict(state["learner"], strict=False)
+        if self.optimizer is not None and state["optimizer"] is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.last_server_loss = state["last_server_loss"]
+        self.image_protos = state["image_protos"]
+        self._broadcast()

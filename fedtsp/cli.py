@@ -1,0 +1,269 @@
+"""Command line: `fedtsp run`, `fedtsp partition` (also `python -m fedtsp ...`)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from fedtsp.config import ConfigError, RunConfig
+
+EXIT_BAD_INPUT = 2
+EXIT_RUN_FAILED = 1
+
+
+class CliError(Exception):
+    """Bad user input found before any long work starts."""
+
+
+def _catalogue() -> str:
+    from fedtsp.algorithms import algorithm_names
+    from fedtsp.data import dataset_names
+    from fedtsp.models.families import FAMILIES
+
+    families = "; ".join(f"{name} = {', '.join(archs)}" for name, archs in FAMILIES.items())
+    return (
+        f"datasets: {', '.join(dataset_names())}\n"
+        f"model families: {families}\n"
+        f"algorithms: {', '.join(algorithm_names())}"
+    )
+
+
+def _option_flags() -> dict[str, list[tuple[str, Any, str]]]:
+    """Every algorithm option, grouped by option name (several methods may share one)."""
+    from fedtsp.algorithms import algorithm_names, options_help
+
+    flags: dict[str, list[tuple[str, Any, str]]] = {}
+    for algo in algorithm_names():
+        for name, default, text in options_help(algo):
+            flags.setdefault(name, []).append((algo, default, text))
+    return flags
+
+
+def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+    from fedtsp.data import dataset_names
+
+    group = parser.add_argument_group("data and partition")
+    group.add_argument(
+        "--dataset", default=defaults.dataset, help=f"one of {', '.join(dataset_names())}"
+    )
+    group.add_argument(
+        "--data",
+        default=None,
+        help="dataset archive or folder (else $FEDTSP_DATA, the cache, torchvision)",
+    )
+    group.add_argument(
+        "--alpha", type=float, default=defaults.alpha, help="Dirichlet concentration (> 0)"
+    )
+    group.add_argument("--num-clients", type=int, default=defaults.num_clients)
+    group.add_argument(
+        "--fraction",
+        type=float,
+        default=defaults.fraction,
+        help="stratified subsample of the merged data, in (0, 1]",
+    )
+    group.add_argument(
+        "--min-client-samples",
+        type=int,
+        default=None,
+        help="minimum client size (default: the authors' rule scaled by --fraction)",
+    )
+    group.add_argument("--partition-seed", type=int, default=defaults.partition_seed)
+    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = RunConfig()
+    parser = argparse.ArgumentParser(
+        prog="fedtsp",
+        description="Federated learning with text-derived class prototypes (FedTSP).",
+        epilog=_catalogue(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run one federated experiment",
+        epilog=_catalogue(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_data_args(run, defaults)
+    group = run.add_argument_group("training")
+    group.add_argument("--family", default=defaults.family, help="model family (see below)")
+    group.add_argument("--algorithm", default=defaults.algorithm, help="method (see below)")
+    group.add_argument("--rounds", type=int, default=defaults.rounds)
+    group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
+    group.add_argument("--lr", type=float, default=defaults.lr)
+    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--feature-dim",
+        type=int,
+        default=None,
+        help="feature width d (default: the method's / 512)",
+    )
+    group.add_argument(
+        "--global-eval-every",
+        type=int,
+        default=0,
+        help="evaluate on the official test set every k rounds (0: never)",
+    )
+    group.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
+    group.add_argument("--precision", default=defaults.precision, help="fp32 or bf16 (autocast)")
+    group = run.add_argument_group("output")
+    group.add_argument("--out", default="runs", help="run-store folder (default: ./runs)")
+    group.add_argument(
+        "--resume", action="store_true", help="continue an interrupted run from its checkpoint"
+    )
+    group.add_argument("--force", action="store_true", help="rerun even if the store has this run")
+    group.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    group.add_argument("--json", action="store_true", help="print the summary as JSON")
+    group = run.add_argument_group("algorithm options (only those of the chosen --algorithm apply)")
+    for name, owners in _option_flags().items():
+        text = "; ".join(f"{algo}: {t} (default {d})" for algo, d, t in owners)
+        group.add_argument(
+            f"--{name.replace('_', '-')}", dest=f"opt_{name}", default=None, help=text
+        )
+
+    part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
+    _add_data_args(part, defaults)
+    part.add_argument(
+        "--export", required=True, help="output folder (train/<i>.npz, test/<i>.npz, config.json)"
+    )
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> RunConfig:
+    options = {
+        key[4:]: value
+        for key, value in vars(args).items()
+        if key.startswith("opt_") and value is not None
+    }
+    config = RunConfig(
+        dataset=args.dataset,
+        alpha=args.alpha,
+        num_clients=args.num_clients,
+        fraction=args.fraction,
+        min_client_samples=args.min_client_samples,
+        partition_seed=args.partition_seed,
+        family=args.family,
+        feature_dim=args.feature_dim,
+        algorithm=args.algorithm,
+        algo_options=options,
+        rounds=args.rounds,
+        local_epochs=args.local_epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        global_eval_every=args.global_eval_every,
+        device=args.device,
+        precision=args.precision,
+    ).validate()
+    # Store typed option values so the run's hash does not depend on CLI spelling.
+    from fedtsp.algorithms import resolve_options
+
+    typed = dataclasses.asdict(resolve_options(config.algorithm, options))
+    return config.replace(algo_options={k: typed[k] for k in options})
+
+
+def _check_data_path(path: str | None) -> None:
+    if path is not None and not Path(path).exists():
+        raise CliError(f"--data {path!r} does not exist; give a dataset archive or folder")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from fedtsp.simulation import run_experiment
+
+    config = _config_from_args(args)
+    _check_data_path(args.data)
+    record = run_experiment(
+        config,
+        data=args.data,
+        out=args.out,
+        resume=args.resume,
+        force=args.force,
+        progress=not args.no_progress,
+    )
+    summary = {"key": record["key"], **record["summary"], "cache_hit": record["cache_hit"]}
+    summary["record"] = str(Path(args.out) / f"{record['key']}.json")
+    if args.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(
+            f"{config.algorithm} on {config.dataset}: best accuracy {summary['best_acc']:.4f} "
+            f"(round {summary['best_round']}), mean of last 5 {summary['last5_mean_acc']:.4f}; "
+            f"record {summary['record']}" + (" (from the store)" if record["cache_hit"] else "")
+        )
+    return 0
+
+
+def _cmd_partition(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from fedtsp.data import export_htfllib, load_dataset, make_partition
+
+    RunConfig(
+        dataset=args.dataset,
+        alpha=args.alpha,
+        num_clients=args.num_clients,
+        fraction=args.fraction,
+        min_client_samples=args.min_client_samples,
+        batch_size=args.batch_size,
+        partition_seed=args.partition_seed,
+    ).validate()
+    _check_data_path(args.data)
+    dataset = load_dataset(args.dataset, args.data)
+    images = np.concatenate([dataset.train_images, dataset.test_images])
+    labels = np.concatenate([dataset.train_labels, dataset.test_labels])
+    partition = make_partition(
+        labels,
+        dataset.num_classes,
+        args.num_clients,
+        args.alpha,
+        batch_size=args.batch_size,
+        seed=args.partition_seed,
+        fraction=args.fraction,
+        min_size=args.min_client_samples,
+    )
+    meta = {
+        "dataset": args.dataset,
+        "seed": args.partition_seed,
+        "fraction": args.fraction,
+        "source": dataset.source,
+        "checksum": dataset.checksum,
+    }
+    export_htfllib(args.export, images, labels, partition, meta)
+    sizes = [
+        len(t) + len(s) for t, s in zip(partition.client_train, partition.client_test, strict=True)
+    ]
+    print(f"wrote {args.num_clients} clients ({min(sizes)}-{max(sizes)} samples) to {args.export}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from fedtsp.clients import NonFiniteLossError
+    from fedtsp.data import DatasetNotFoundError, PartitionError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"run": _cmd_run, "partition": _cmd_partition}
+    try:
+        return handlers[args.command](args)
+    except (CliError, ConfigError, DatasetNotFoundError, PartitionError, FileExistsError) as exc:
+        print(f"fedtsp: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NonFiniteLossError as exc:
+        print(f"fedtsp: error: {exc}", file=sys.stderr)
+        return EXIT_RUN_FAILED
+    except KeyboardInterrupt:
+        print("fedtsp: interrupted; rerun with --resume to continue", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""A federated client: its data as device tensors, its model, optimiser and algorithm state.
+
+Data stays on the client's device for the whole run and is batched with index
+permutations, so no per-batch copies or DataLoader workers are involved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedtsp.models.families import ClientModel
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Local training produced a NaN or infinite loss."""
+
+
+@dataclass
+class EvalResult:
+    correct: int
+    correct_top5: int
+    total: int
+    loss_sum: float
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / max(self.total, 1)
+
+
+@dataclass
+class Client:
+    index: int
+    model: ClientModel
+    train_x: Tensor
+    train_y: Tensor
+    test_x: Tensor
+    test_y: Tensor
+    num_classes: int
+    state: dict[str, Any] = field(default_factory=dict)  # algorithm's per-client state
+    optimizer: torch.optim.Optimizer | None = None
+    model_seconds: float = 0.0  # time inside forward/backward/step, for overhead accounting
+    # Mixed-precision context (torch.autocast for bf16); a no-op for the exact fp32 path.
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    @property
+    def num_train(self) -> int:
+        return int(self.train_y.shape[0])
+
+    @property
+    def device(self) -> torch.device:
+        return self.train_x.device
+
+    def class_counts(self) -> Tensor:
+        return torch.bincount(self.train_y, minlength=self.num_classes)
+
+    def batches(self, batch_size: int, generator: torch.Generator) -> list[Tensor]:
+        """Index batches of one shuffled epoch.
+
+        The trailing partial batch is dropped (as the authors' DataLoader does), unless it
+        would be the only batch, so that tiny clients still train.
+        """
+        perm = torch.randperm(self.num_train, generator=generator, device="cpu")
+        perm = perm.to(self.device)
+        full = self.num_train // batch_size
+        if full == 0:
+            return [perm]
+        return list(perm[: full * batch_size].split(batch_size))
+
+    def train(
+        self,
+        loss_fn: Any,
+        epochs: int,
+        batch_size: int,
+        generator: torch.Generator,
+    ) -> float:
+        """Run local epochs with ``loss_fn(client, x, y)``; return the mean batch loss."""
+        assert self.optimizer is not None, "client has no optimiser"
+        self.model.train()
+        total = torch.zeros((), device=self.device)
+        steps = 0
+        for _ in range(epochs):
+            for idx in self.batches(batch_size, generator):
+                x, y = self.train_x[idx], self.train_y[idx]
+                start = time.perf_counter()
+                with self.autocast():
+                    loss = loss_fn(self, x, y)
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+                self.model_seconds += time.perf_counter() - start
+                total += loss.detach().float()
+                steps += 1
+        mean = float(total) / max(steps, 1)
+        # One check per client instead of per step: a NaN propagates into the sum.
+        if not math.isfinite(mean):
+            raise NonFiniteLossError(f"local training loss became {mean} on client {self.index}")
+        return mean
+
+    @torch.inference_mode()
+    def evaluate(self, predict: Any, x: Tensor, y: Tensor, batch_size: int = 1000) -> EvalResult:
+        """Top-1/top-5 counts of ``predict(client, x)`` on the given data."""
+        self.model.eval()
+        correct = correct5 = 0
+        loss_sum = 0.0
+        k = min(5, self.num_classes)
+        start = time.perf_counter()
+        for lo in range(0, int(y.shape[0]), batch_size):
+            xb, yb = x[lo : lo + batch_size], y[lo : lo + batch_size]
+            with self.autocast():
+                logits = predict(self, xb)
+            logits = logits.float()
+            loss_sum += float(F.cross_entropy(logits, yb, reduction="sum"))
+            top = logits.topk(k, dim=1).indices
+            correct += int((top[:, 0] == yb).sum())
+            correct5 += int((top == yb[:, None]).any(dim=1).sum())
+        self.model_seconds += time.perf_counter() - start
+        return EvalResult(correct, correct5, int(y.shape[0]), loss_sum)
+
+    @torch.inference_mode()
+    def class_prototypes(self, batch_size: int = 1000) -> tuple[Tensor, Tensor]:
+        """Per-class mean feature over the train split (Eq. 5) and the per-class counts.
+
+        Classes the client does not hold get a zero row and count 0.
+        """
+        self.model.eval()
+        start = time.perf_counter()
+        sums: Tensor | None = None
+        for lo in range(0, self.num_train, batch_size):
+            with self.autocast():
+                feats = self.model.features(self.train_x[lo : lo + batch_size]).float()
+            if sums is None:
+                sums = torch.zeros(self.num_classes, feats.shape[1], device=self.device)
+            sums.index_add_(0, self.train_y[lo : lo + batch_size], feats)
+        self.model_seconds += time.perf_counter() - start
+        counts = self.class_counts()
+        assert sums is not None, "client has no training data"
+        means = sums / counts.clamp(min=1).unsqueeze(1).to(sums.dtype)
+        return means, counts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict() if self.optimizer else None,
+            "state": self.state,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.model.load_state_dict(saved["model"])
+        if self.optimizer is not None and saved["optimizer"] is not None:
+            self.optimizer.load_state_dict(saved["optimizer"])
+        self.state = saved["state"]

@@ -1,0 +1,119 @@
+"""Run configuration: one validated dataclass that fully determines a federated run.
+
+Everything that changes the result lives here (and therefore in the run's hash); things
+that only say *where* to read or write (data path, output folder) do not.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+DEVICES = ("cpu", "cuda")
+PRECISIONS = ("fp32", "bf16")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the value and what is allowed."""
+
+
+@dataclass
+class RunConfig:
+    # data and partition (PROTOCOL.md, "Federated protocol")
+    dataset: str = "cifar10"
+    alpha: float = 0.1
+    num_clients: int = 20
+    fraction: float = 1.0
+    min_client_samples: int | None = None  # None: the authors' rule, scaled by `fraction`
+    partition_seed: int = 1
+    train_ratio: float = 0.75
+    # models
+    family: str = "htfe9"
+    feature_dim: int | None = None  # None: the algorithm decides (FedTSP: text-encoder width)
+    # algorithm and its own options (validated against the algorithm's Options dataclass)
+    algorithm: str = "fedtsp"
+    algo_options: dict[str, Any] = field(default_factory=dict)
+    # local training and rounds
+    rounds: int = 300
+    local_epochs: int = 5
+    batch_size: int = 100
+    lr: float = 0.01
+    seed: int = 0
+    global_eval_every: int = 0  # 0: never; k: every k rounds and after the last round
+    # execution
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown config field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def key(self, extra: dict[str, Any] | None = None) -> str:
+        """Stable 16-hex-digit hash of the config (plus e.g. the dataset checksum)."""
+        payload = {"config": self.to_dict(), "extra": extra or {}}
+        blob = json.dumps(payload, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def validate(self) -> RunConfig:
+        """Check every value that can be checked without loading data; raise ConfigError."""
+        # Imported here so that `fedtsp.config` stays importable without torch-heavy modules.
+        from fedtsp.algorithms import algorithm_names, resolve_options
+        from fedtsp.data import dataset_names
+        from fedtsp.models.families import resolve_family
+
+        def bad(name: str, value: Any, allowed: str) -> None:
+            raise ConfigError(f"{name}={value!r} is invalid; {allowed}")
+
+        if self.dataset not in dataset_names():
+            bad("dataset", self.dataset, f"choose one of {', '.join(dataset_names())}")
+        if not self.alpha > 0:
+            bad("alpha", self.alpha, "the Dirichlet concentration must be > 0")
+        if self.num_clients < 1:
+            bad("num_clients", self.num_clients, "need at least 1 client")
+        if not 0 < self.fraction <= 1:
+            bad("fraction", self.fraction, "the subsample fraction must be in (0, 1]")
+        if self.min_client_samples is not None and self.min_client_samples < 1:
+            bad("min_client_samples", self.min_client_samples, "must be >= 1 or unset")
+        if not 0 < self.train_ratio < 1:
+            bad("train_ratio", self.train_ratio, "must be in (0, 1)")
+        try:
+            resolve_family(self.family)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if self.feature_dim is not None and self.feature_dim < 1:
+            bad("feature_dim", self.feature_dim, "must be a positive width or unset")
+        if self.algorithm not in algorithm_names():
+            bad("algorithm", self.algorithm, f"choose one of {', '.join(algorithm_names())}")
+        resolve_options(self.algorithm, self.algo_options)
+        for name in ("rounds", "local_epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                bad(name, getattr(self, name), "must be >= 1")
+        if not self.lr > 0:
+            bad("lr", self.lr, "the learning rate must be > 0")
+        if self.global_eval_every < 0:
+            bad("global_eval_every", self.global_eval_every, "use 0 (never) or a positive period")
+        if self.device.split(":")[0] not in DEVICES:
+            bad("device", self.device, f"choose one of {', '.join(DEVICES)} (e.g. cuda:1)")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                bad("device", self.device, "CUDA is not available on this machine; use cpu")
+        if self.precision not in PRECISIONS:
+            bad("precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
+        return self

@@ -1,0 +1,51 @@
+"""Datasets (decode once, cache), the authors' Dirichlet partition, HtFLlib export."""
+
+from fedtsp.data.datasets import (
+    DATASETS,
+    DatasetFormatError,
+    DatasetInfo,
+    DatasetNotFoundError,
+    ImageDataset,
+    dataset_info,
+    dataset_names,
+    load_dataset,
+    normalize,
+    semantic_groups,
+)
+from fedtsp.data.htfllib import ClientTensors, export_htfllib, import_htfllib
+from fedtsp.data.partition import (
+    Partition,
+    PartitionError,
+    dirichlet_partition,
+    make_partition,
+    merge_splits,
+    merged_labels,
+    min_client_size,
+    split_clients,
+    stratified_subsample,
+)
+
+__all__ = [
+    "DATASETS",
+    "ClientTensors",
+    "DatasetFormatError",
+    "DatasetInfo",
+    "DatasetNotFoundError",
+    "ImageDataset",
+    "Partition",
+    "PartitionError",
+    "dataset_info",
+    "dataset_names",
+    "dirichlet_partition",
+    "export_htfllib",
+    "import_htfllib",
+    "load_dataset",
+    "make_partition",
+    "merge_splits",
+    "merged_labels",
+    "min_client_size",
+    "normalize",
+    "semantic_groups",
+    "split_clients",
+    "stratified_subsample",
+]

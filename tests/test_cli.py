@@ -1,0 +1,127 @@
+"""The command line: help lists the catalogue; bad values fail fast with one sentence."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import CIFAR10_CLASSES, REPO
+from PIL import Image
+
+from fedtsp.cli import main
+
+
+def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "fedtsp", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_archive(tmp_path_factory) -> Path:
+    """An image-folder archive in the layout of shared/data (3 images per class and split)."""
+    path = tmp_path_factory.mktemp("data") / "cifar10-jpg.tar.gz"
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "test"):
+            for name in CIFAR10_CLASSES:
+                for i in range(3):
+                    buf = io.BytesIO()
+                    pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+                    Image.fromarray(pixels).save(buf, format="JPEG")
+                    info = tarfile.TarInfo(f"cifar10/{split}/{name}/{i:04d}.jpg")
+                    info.size = buf.tell()
+                    buf.seek(0)
+                    tar.addfile(info, buf)
+    return path
+
+
+def test_help_lists_datasets_families_algorithms():
+    result = _run_cli("run", "--help")
+    assert result.returncode == 0
+    for word in ("cifar10", "cifar100", "tinyimagenet", "fmnist", "htfe9", "htfe-cpu"):
+        assert word in result.stdout
+    for word in ("local", "fedproto", "fedtsp", "--prompt-tokens", "--resume"):
+        assert word in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--dataset", "imagenet"], "dataset='imagenet' is invalid; choose one of"),
+        (["--alpha", "0"], "alpha=0.0 is invalid"),
+        (["--alpha", "-1"], "alpha=-1.0 is invalid"),
+        (["--family", "htfe7"], "unknown model family 'htfe7'"),
+        (["--algorithm", "fedfoo"], "algorithm='fedfoo' is invalid"),
+        (["--fraction", "1.5"], "fraction=1.5 is invalid"),
+        (["--rounds", "0"], "rounds=0 is invalid"),
+        (["--precision", "fp8"], "precision='fp8' is invalid"),
+        (["--algorithm", "local", "--lam", "1"], "algorithm 'local' has no option(s) lam"),
+        (["--algorithm", "fedtsp", "--prompt-tokens", "x"], "prompt_tokens='x' is invalid"),
+        (["--algorithm", "fedtsp", "--text-encoder", "gpt"], "text_encoder='gpt' is invalid"),
+        (["--data", "/no/such/archive.tar.gz"], "--data '/no/such/archive.tar.gz' does not exist"),
+    ],
+)
+def test_bad_values_fail_fast_with_one_sentence(capsys, args, message):
+    start = time.perf_counter()
+    code = main(["run", *args, "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err
+    assert err.count("\n") == 1  # one line
+    assert time.perf_counter() - start < 10
+
+
+def test_more_clients_than_samples_fails_fast(capsys, tiny_archive, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDTSP_CACHE", str(tmp_path / "cache"))
+    code = main(
+        ["run", "--data", str(tiny_archive), "--num-clients", "500", "--out", str(tmp_path)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "500" in err and "client" in err
+
+
+def test_missing_dataset_names_places_looked(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDTSP_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEDTSP_DATA", raising=False)
+    # torchvision's download would need the internet; the loader must say where it looked.
+    code = main(["partition", "--dataset", "tinyimagenet", "--export", str(tmp_path / "x")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "tinyimagenet" in err and str(tmp_path / "cache") in err
+
+
+def test_run_and_partition_from_an_image_folder_archive(tiny_archive, tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDTSP_CACHE", str(tmp_path / "cache"))
+    common = [
+        "--data",
+        str(tiny_archive),
+        "--num-clients",
+        "2",
+        "--alpha",
+        "5",
+        "--batch-size",
+        "4",
+    ]
+    out = tmp_path / "runs"
+    args = ["run", *common, "--family", "htfe-cpu", "--algorithm", "fedproto", "--rounds", "1"]
+    args += ["--local-epochs", "1", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert len(list(out.glob("*.json"))) == 1
+    assert main(args) == 0  # second time: served from the store
+    assert len(list(out.glob("*.json"))) == 1
+    export = tmp_path / "export"
+    assert main(["partition", *common, "--export", str(export)]) == 0
+    assert sorted(p.name for p in (export / "train").iterdir()) == ["0.npz", "1.npz"]
+    assert (export / "config.json").exists()

@@ -1,0 +1,126 @@
+"""The round loop: learning, determinism, resume, the run store, failure reporting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from fedtsp.clients import NonFiniteLossError
+from fedtsp.results import RunStore
+from fedtsp.simulation import prepare, run_experiment
+
+
+def _strip_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
+
+
+@pytest.mark.parametrize("algorithm", ["local", "fedproto", "fedtsp"])
+def test_methods_learn_well_above_chance(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    history = record["history"]
+    assert len(history) == 5  # rounds + the closing evaluation
+    assert history[0]["acc"] < 0.35  # untrained models are near chance (0.1)
+    assert record["summary"]["best_acc"] > 0.6
+    assert record["summary"]["best_top5"] >= record["summary"]["best_acc"]
+    assert history[-2]["train_loss"] < history[0]["train_loss"]  # the local loss falls
+
+
+def test_fedtsp_tunes_prompts_on_the_server(tmp_path, tiny_data):
+    config = tiny_config(algorithm="fedtsp", rounds=3, algo_options={"server_epochs": 5})
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    rows = record["history"][:-1]
+    assert all(r["server_loss"] == r["server_loss"] for r in rows)  # not NaN: it trained
+    assert rows[-1]["server_loss"] < rows[0]["server_loss"]
+    assert record["feature_dim"] == 384  # follows the MiniLM width
+    protos = RunStore(tmp_path).load_artifacts(record["key"])["global_prototypes"]
+    assert protos.shape == (10, 384)
+
+
+def test_fedproto_communication_is_counted(tmp_path, tiny_data):
+    record = run_experiment(
+        tiny_config(algorithm="fedproto", rounds=1), dataset=tiny_data, out=tmp_path, progress=False
+    )
+    row = record["history"][0]
+    d, c = record["feature_dim"], 10
+    assert row["bytes_up_per_client"] == c * d * 4 + c * 8  # fp32 prototypes + int64 counts
+    assert row["bytes_down_per_client"] == c * d * 4 + c  # prototypes + bool mask
+    local = run_experiment(tiny_config(rounds=1), dataset=tiny_data, out=tmp_path, progress=False)
+    assert local["history"][0]["bytes_up_per_client"] == 0
+
+
+def test_same_seed_same_history_other_seed_differs(tmp_path, tiny_data):
+    config = tiny_config(algorithm="fedproto", rounds=2)
+    a = run_experiment(config, dataset=tiny_data, out=tmp_path / "a", progress=False)
+    b = run_experiment(config, dataset=tiny_data, out=tmp_path / "b", progress=False)
+    assert _strip_times(a["history"]) == _strip_times(b["history"])
+    c = run_experiment(config.replace(seed=1), dataset=tiny_data, out=tmp_path, progress=False)
+    assert _strip_times(c["history"]) != _strip_times(a["history"])
+
+
+@pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])
+def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=3)
+    whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
+    part = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2
+    )
+    assert part["interrupted_after_round"] == 1
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_experiment(config, dataset=tiny_data, out=tmp_path / "cut", progress=False)
+    resumed = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
+    )
+    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+    assert not (tmp_path / "cut" / "checkpoints" / f"{whole['key']}.pt").exists()
+
+
+def test_run_store_cache_hit_and_force(tmp_path, tiny_data):
+    config = tiny_config(rounds=1)
+    first = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    assert first["cache_hit"] is False
+    record_file = tmp_path / f"{first['key']}.json"
+    stored = json.loads(record_file.read_text())
+    assert stored["config"]["algorithm"] == "local" and stored["dataset"]["checksum"]
+    assert stored["partition"] and stored["summary"]["best_acc"] == first["summary"]["best_acc"]
+    second = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    assert second["cache_hit"] is True and second["history"] == stored["history"]
+    third = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False, force=True)
+    assert third["cache_hit"] is False
+    other = run_experiment(config.replace(seed=5), dataset=tiny_data, out=tmp_path, progress=False)
+    assert other["key"] != first["key"]
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_nan_loss_names_client_and_round(tmp_path, tiny_data, monkeypatch):
+    run = prepare(tiny_config(rounds=2), dataset=tiny_data)
+    algorithm_cls = type(run.algorithm)
+    original = algorithm_cls.train_loss
+
+    def poisoned(self, client, x, y):
+        loss = original(self, client, x, y)
+        return loss * float("nan") if client.index == 2 and self.poison else loss
+
+    monkeypatch.setattr(algorithm_cls, "train_loss", poisoned)
+    monkeypatch.setattr(algorithm_cls, "poison", True, raising=False)
+    with pytest.raises(NonFiniteLossError, match=r"client 2 in round 0"):
+        run_experiment(tiny_config(rounds=2), dataset=tiny_data, out=tmp_path, progress=False)
+
+
+def test_history_has_phase_timings_and_overhead_inputs(tmp_path, tiny_data):
+    record = run_experiment(tiny_config(rounds=1), dataset=tiny_data, out=tmp_path, progress=False)
+    timings = record["history"][0]["timings"]
+    assert set(timings) >= {"evaluate", "train", "upload", "server", "broadcast", "model"}
+    assert 0 < timings["model"] <= record["history"][0]["wall"]
+    assert record["peak_memory"]["host_rss_mb"] > 0
+
+
+def test_bf16_autocast_path_runs(tmp_path, tiny_data):
+    record = run_experiment(
+        tiny_config(rounds=1, precision="bf16"), dataset=tiny_data, out=tmp_path, progress=False
+    )
+    assert record["summary"]["best_acc"] >= 0
+    assert torch.isfinite(torch.tensor(record["history"][0]["train_loss"]))
