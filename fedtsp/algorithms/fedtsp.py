@@ -103,7 +103,7 @@ class FedTSP(Algorithm):
         opts = self.opts
         prompts = class_prompts(
             self.ctx.class_names,
-            "manual" if opts.description_file is None else "file",
+            "manual" if opts.description_file is None else "descriptions",
             opts.description_file,
         )
         encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
