@@ -119,6 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--resume", action="store_true", help="continue an interrupted run from its checkpoint"
     )
+    group.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=1,
+        help="write a resumable checkpoint every k rounds",
+    )
     group.add_argument("--force", action="store_true", help="rerun even if the store has this run")
     group.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     group.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -187,6 +193,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         force=args.force,
         progress=not args.no_progress,
+        checkpoint_every=args.checkpoint_every,
     )
     summary = {"key": record["key"], **record["summary"], "cache_hit": record["cache_hit"]}
     summary["record"] = str(Path(args.out) / f"{record['key']}.json")

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedtsp.config import RunConfig
 from fedtsp.data import ImageDataset
+
+# One intra-op thread: the tests' models are tiny, and with two threads a second busy
+# process on a 2-core machine makes every op wait on spinning OpenMP workers (10x slower).
+torch.set_num_threads(1)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
