@@ -144,31 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
+    """A validated RunConfig from the parsed flags (flag names equal the config fields)."""
+    values = {
+        f.name: getattr(args, f.name)
+        for f in dataclasses.fields(RunConfig)
+        if hasattr(args, f.name)
+    }
     options = {
         key[4:]: value
         for key, value in vars(args).items()
         if key.startswith("opt_") and value is not None
     }
-    config = RunConfig(
-        dataset=args.dataset,
-        alpha=args.alpha,
-        num_clients=args.num_clients,
-        fraction=args.fraction,
-        min_client_samples=args.min_client_samples,
-        partition_seed=args.partition_seed,
-        family=args.family,
-        feature_dim=args.feature_dim,
-        algorithm=args.algorithm,
-        algo_options=options,
-        rounds=args.rounds,
-        local_epochs=args.local_epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        global_eval_every=args.global_eval_every,
-        device=args.device,
-        precision=args.precision,
-    ).validate()
+    config = RunConfig(**values, algo_options=options).validate()
+    if not options:
+        return config
     # Store typed option values so the run's hash does not depend on CLI spelling.
     from fedtsp.algorithms import resolve_options
 
@@ -209,33 +198,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    import numpy as np
+    from fedtsp.data import export_htfllib, load_dataset
+    from fedtsp.simulation import partition_dataset
 
-    from fedtsp.data import export_htfllib, load_dataset, make_partition
-
-    RunConfig(
-        dataset=args.dataset,
-        alpha=args.alpha,
-        num_clients=args.num_clients,
-        fraction=args.fraction,
-        min_client_samples=args.min_client_samples,
-        batch_size=args.batch_size,
-        partition_seed=args.partition_seed,
-    ).validate()
+    config = _config_from_args(args)
     _check_data_path(args.data)
     dataset = load_dataset(args.dataset, args.data)
-    images = np.concatenate([dataset.train_images, dataset.test_images])
-    labels = np.concatenate([dataset.train_labels, dataset.test_labels])
-    partition = make_partition(
-        labels,
-        dataset.num_classes,
-        args.num_clients,
-        args.alpha,
-        batch_size=args.batch_size,
-        seed=args.partition_seed,
-        fraction=args.fraction,
-        min_size=args.min_client_samples,
-    )
+    images, labels, partition = partition_dataset(config, dataset)
     meta = {
         "dataset": args.dataset,
         "seed": args.partition_seed,
@@ -244,9 +213,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
         "checksum": dataset.checksum,
     }
     export_htfllib(args.export, images, labels, partition, meta)
-    sizes = [
-        len(t) + len(s) for t, s in zip(partition.client_train, partition.client_test, strict=True)
-    ]
+    sizes = partition.stats()["sizes"]
     print(f"wrote {args.num_clients} clients ({min(sizes)}-{max(sizes)} samples) to {args.export}")
     return 0
 

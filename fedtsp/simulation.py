@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from fedtsp.algorithms import Algorithm, Message, RunContext, get_algorithm, resolve_options
 from fedtsp.clients import Client, NonFiniteLossError
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import ImageDataset, load_dataset, make_partition, normalize
+from fedtsp.data import ImageDataset, Partition, load_dataset, make_partition, normalize
 from fedtsp.models.families import build_client_model
 from fedtsp.results import RECORD_VERSION, RunStore, atomic_save, code_version, summarize_history
 
@@ -57,7 +57,7 @@ class PreparedRun:
     config: RunConfig
     key: str
     dataset: ImageDataset
-    partition: Any
+    partition: Partition
     clients: list[Client]
     algorithm: Algorithm
     first_broadcast: Message | None
@@ -79,18 +79,10 @@ def run_key(config: RunConfig, dataset: ImageDataset) -> str:
     return config.key({"dataset_checksum": dataset.checksum})
 
 
-def prepare(
-    config: RunConfig, data: str | Path | None = None, dataset: ImageDataset | None = None
-) -> PreparedRun:
-    config.validate()
-    algorithm_cls = get_algorithm(config.algorithm)
-    options = resolve_options(config.algorithm, config.algo_options)
-    feature_dim = resolve_feature_dim(config, algorithm_cls, options)
-    if dataset is None:
-        dataset = load_dataset(config.dataset, data)
-    key = run_key(config, dataset)
-    device = torch.device(config.device)
-
+def partition_dataset(
+    config: RunConfig, dataset: ImageDataset
+) -> tuple[np.ndarray, np.ndarray, Partition]:
+    """Merge the official splits and draw the config's Dirichlet partition over them."""
     images = np.concatenate([dataset.train_images, dataset.test_images])
     labels = np.concatenate([dataset.train_labels, dataset.test_labels])
     partition = make_partition(
@@ -104,6 +96,22 @@ def prepare(
         fraction=config.fraction,
         min_size=config.min_client_samples,
     )
+    return images, labels, partition
+
+
+def prepare(
+    config: RunConfig, data: str | Path | None = None, dataset: ImageDataset | None = None
+) -> PreparedRun:
+    config.validate()
+    algorithm_cls = get_algorithm(config.algorithm)
+    options = resolve_options(config.algorithm, config.algo_options)
+    feature_dim = resolve_feature_dim(config, algorithm_cls, options)
+    if dataset is None:
+        dataset = load_dataset(config.dataset, data)
+    key = run_key(config, dataset)
+    device = torch.device(config.device)
+
+    images, labels, partition = partition_dataset(config, dataset)
 
     seed_everything(config.seed)
     autocast = _autocast_factory(config)
