@@ -16,7 +16,6 @@ over the first token positions including the start token (``prompt_position=
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -163,7 +162,7 @@ class FedTSP(Algorithm):
     def round_metrics(self) -> dict[str, float]:
         return {
             "server_loss": self.last_server_loss,
-            "tau": math.exp(-float(self.learner.logit_scale)),
+            "tau": self.learner.tau,
         }
 
     def artifacts(self) -> dict[str, Tensor]:
