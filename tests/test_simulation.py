@@ -151,3 +151,32 @@ def test_crash_mid_run_resumes_from_sparse_checkpoint(tmp_path, tiny_data, monke
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
     )
     assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+
+
+def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
+    from conftest import CIFAR10_CLASSES
+
+    entries = {
+        name: {
+            "Short Label": name,
+            "Fine-grained Descriptions": [
+                f"a {name} seen from the side",
+                f"what a {name} is used for or does",
+                f"where a {name} is usually found",
+            ],
+            "Hard Negatives": [],
+        }
+        for name in CIFAR10_CLASSES
+    }
+    path = tmp_path / "cifar10_descriptions.json"
+    path.write_text(json.dumps(entries))
+    config = tiny_config(algorithm="fedtsp", rounds=1, algo_options={"description_file": str(path)})
+    run = prepare(config, dataset=tiny_data)
+    assert run.algorithm.learner.prompts[3][2] == "A photo of a cat: where a cat is usually found"
+    manual = prepare(tiny_config(algorithm="fedtsp", rounds=1), dataset=tiny_data)
+    # Three descriptions per class give prototypes different from the single template.
+    assert not torch.allclose(run.algorithm.text_protos, manual.algorithm.text_protos)
+    del entries["truck"]
+    path.write_text(json.dumps(entries))
+    with pytest.raises(ValueError, match="truck"):
+        prepare(config, dataset=tiny_data)
