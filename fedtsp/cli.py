@@ -131,8 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     group = run.add_argument_group("algorithm options (only those of the chosen --algorithm apply)")
     for name, owners in _option_flags().items():
         text = "; ".join(f"{algo}: {t} (default {d})" for algo, d, t in owners)
+        # Switches (--x / --no-x) for options that are booleans in every method that has them.
+        switch = all(isinstance(d, bool) for _, d, _ in owners)
         group.add_argument(
-            f"--{name.replace('_', '-')}", dest=f"opt_{name}", default=None, help=text
+            f"--{name.replace('_', '-')}",
+            dest=f"opt_{name}",
+            default=None,
+            help=text,
+            **({"action": argparse.BooleanOptionalAction} if switch else {"metavar": name.upper()}),
         )
 
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")

@@ -259,7 +259,7 @@ def _load_bert_base(device: str, pooling: str = "cls") -> BertTextEncoder:
             "then copy the cache (HF_HOME) here; offline, use text encoder 'minilm'."
         ) from err
     # The paper's BERT feature is the [CLS] hidden state (no pooler layer).
-    return BertTextEncoder(model, tok, "bert", pooling=pooling).to(device)
+    return BertTextEncoder(model, tok, "bert-base-uncased", pooling=pooling).to(device)
 
 
 # --------------------------------------------------------------------------- CLIP
@@ -273,7 +273,7 @@ class ClipTextEncoder(TextEncoder):
     the batch's longest instead of 77, which only saves compute.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, name: str = "clip") -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, name: str = "clip-vit-b-32") -> None:
         super().__init__()
         if getattr(model, "text_pool_type", "argmax") != "argmax":
             raise ValueError(f"{name}: only EOS ('argmax') text pooling is supported")
@@ -340,7 +340,7 @@ def _load_clip_vit_b32(device: str) -> ClipTextEncoder:
             "(~350 MB), then copy it here; offline, use text encoder 'minilm'."
         ) from err
     tok = open_clip.get_tokenizer("ViT-B-32")
-    return ClipTextEncoder(model, tok, "clip").to(device)
+    return ClipTextEncoder(model, tok, "clip-vit-b-32").to(device)
 
 
 # --------------------------------------------------------------------------- registry
@@ -361,8 +361,10 @@ TEXT_ENCODERS: dict[str, TextEncoderSpec] = {
     s.name: s
     for s in (
         TextEncoderSpec("minilm", 384, 384, "sentence-transformers/all-MiniLM-L6-v2", _load_minilm),
-        TextEncoderSpec("bert", 768, 768, "bert-base-uncased", _load_bert_base),
-        TextEncoderSpec("clip", 512, 512, "open_clip ViT-B-32 / openai", _load_clip_vit_b32),
+        TextEncoderSpec("bert-base-uncased", 768, 768, "bert-base-uncased", _load_bert_base),
+        TextEncoderSpec(
+            "clip-vit-b-32", 512, 512, "open_clip ViT-B-32 / openai", _load_clip_vit_b32
+        ),
     )
 }
 
