@@ -141,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
             **({"action": argparse.BooleanOptionalAction} if switch else {"metavar": name.upper()}),
         )
 
+    from fedtsp.describe import add_describe_parser
+
+    add_describe_parser(sub)
+
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
     _add_data_args(part, defaults)
     part.add_argument(
@@ -231,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"run": _cmd_run, "partition": _cmd_partition}
+    from fedtsp.describe import run_describe
+
+    handlers = {"run": _cmd_run, "partition": _cmd_partition, "describe": run_describe}
     try:
         return handlers[args.command](args)
     except (CliError, ConfigError, DatasetNotFoundError, PartitionError, FileExistsError) as exc:
