@@ -170,7 +170,7 @@ def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
     }
     path = tmp_path / "cifar10_descriptions.json"
     path.write_text(json.dumps(entries))
-    config = tiny_config(algorithm="fedtsp", rounds=1, algo_options={"description_file": str(path)})
+    config = tiny_config(algorithm="fedtsp", rounds=1, algo_options={"description_set": str(path)})
     run = prepare(config, dataset=tiny_data)
     assert run.algorithm.learner.prompts[3][2] == "A photo of a cat: where a cat is usually found"
     manual = prepare(tiny_config(algorithm="fedtsp", rounds=1), dataset=tiny_data)
@@ -180,3 +180,12 @@ def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
     path.write_text(json.dumps(entries))
     with pytest.raises(ValueError, match="truck"):
         prepare(config, dataset=tiny_data)
+
+
+@pytest.mark.parametrize("variant", ["short", "long"])
+def test_fedtsp_uses_the_committed_description_sets(tiny_data, variant):
+    config = tiny_config(algorithm="fedtsp", algo_options={"prompts": variant})
+    run = prepare(config, dataset=tiny_data)
+    prompts = run.algorithm.learner.prompts
+    assert len(prompts) == 10 and all(len(p) == 3 for p in prompts)
+    assert all(p.startswith("A photo of a ") for class_prompts in prompts for p in class_prompts)

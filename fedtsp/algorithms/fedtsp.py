@@ -17,6 +17,7 @@ over the first token positions including the start token (``prompt_position=
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,14 @@ from torch import Tensor
 from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client
+from fedtsp.descriptions import (
+    description_set_path,
+    handcrafted_prompts,
+    resolve_description_set,
+    validate_descriptions,
+)
 
+PROMPT_VARIANTS = ("manual", "short", "long")
 # Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.
 _SMALL_LABEL_SETS = ("cifar10", "fmnist")
 
@@ -34,8 +42,11 @@ _SMALL_LABEL_SETS = ("cifar10", "fmnist")
 class FedTSPOptions:
     lam: float = option(7.0, "weight of the client-side text-prototype alignment (Eq. 8)")
     text_encoder: str = option("minilm", "frozen PLM that encodes the prompts")
-    description_file: str | None = option(
-        None, "class descriptions (authors' JSON schema); unset: 'A photo of a {class}.'"
+    prompts: str = option(
+        "manual", "manual ('A photo of a {class}.'), or the committed short / long descriptions"
+    )
+    description_set: str | None = option(
+        None, "description JSON in the authors' schema (path or committed set name) to use instead"
     )
     trainable_prompts: bool = option(True, "tune class-specific context vectors on the server")
     prompt_tokens: int | None = option(
@@ -71,11 +82,12 @@ class FedTSPOptions:
             )
         if self.weighting not in WEIGHTINGS:
             raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
-        if self.description_file is not None:
-            from pathlib import Path
-
-            if not Path(self.description_file).is_file():
-                raise ValueError(f"description_file={self.description_file!r} does not exist")
+        if self.prompts not in PROMPT_VARIANTS:
+            raise ValueError(
+                f"prompts={self.prompts!r} is invalid; choose one of {', '.join(PROMPT_VARIANTS)}"
+            )
+        if self.description_set is not None:
+            resolve_description_set(self.description_set)
 
 
 @register
@@ -95,18 +107,13 @@ class FedTSP(Algorithm):
         return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
 
     def setup(self, clients: list[Client]) -> Message:
-        from fedtsp.descriptions import class_prompts
         from fedtsp.models.prompts import PromptLearner
         from fedtsp.models.text import build_text_encoder
 
         opts = self.opts
-        prompts = class_prompts(
-            self.ctx.class_names,
-            "manual" if opts.description_file is None else "descriptions",
-            opts.description_file,
-        )
         encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
         n_ctx = self._dataset_default(opts.prompt_tokens, 1, 10) if opts.trainable_prompts else 0
+        prompts = self._class_prompts(encoder, n_ctx)
         self.server_epochs = (
             self._dataset_default(opts.server_epochs, 1, 20) if opts.trainable_prompts else 0
         )
@@ -117,6 +124,25 @@ class FedTSP(Algorithm):
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
         return self._broadcast()
+
+    def _class_prompts(self, encoder: Any, n_ctx: int) -> list[list[str]]:
+        """Prompts per class; description files are validated against the encoder first.
+
+        Every prompt must fit the encoder's context with the n_ctx prompt vectors added:
+        a too-long description is an error naming file, class and description, never a
+        silent truncation.
+        """
+        names = self.ctx.class_names
+        if self.opts.description_set is None and self.opts.prompts == "manual":
+            return handcrafted_prompts(names)
+        if self.opts.description_set is not None:
+            path = resolve_description_set(self.opts.description_set)
+        else:
+            path = description_set_path(self.ctx.dataset, self.opts.prompts)
+        checked = validate_descriptions(
+            path, names, k=None, tokenizer=encoder, reserved_tokens=n_ctx
+        )
+        return checked.prompts
 
     @torch.no_grad()
     def _broadcast(self) -> Message:
