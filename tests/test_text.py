@@ -61,7 +61,11 @@ def _three_class_prompts() -> list[list[str]]:
 
 def test_registry_without_weights():
     assert set(text_encoder_names()) == {"minilm", "bert-base-uncased", "clip-vit-b-32"}
-    assert [text_encoder_width(n) for n in ("minilm", "bert-base-uncased", "clip-vit-b-32")] == [384, 768, 512]
+    assert [text_encoder_width(n) for n in ("minilm", "bert-base-uncased", "clip-vit-b-32")] == [
+        384,
+        768,
+        512,
+    ]
     with pytest.raises(ValueError, match="minilm"):
         build_text_encoder("gpt-9")
     with pytest.raises(ValueError, match="unknown text encoder"):
