@@ -389,3 +389,18 @@ def test_heatmap_on_given_axes_and_errors():
             S.plot_similarity_heatmap(_random_similarity(3), ["a", "b", "c"], [0, 1], ax=ax)
     finally:
         plt.close("all")
+
+
+@pytest.mark.parametrize("variant", ["short", "long"])
+def test_tinyimagenet_description_sets_name_real_wordnet_nouns(wn, variant):
+    from fedtsp.descriptions import description_set_path, validate_descriptions
+
+    path = description_set_path("tinyimagenet", variant)
+    wnids = sorted(k for k in json.loads(path.read_text()) if not k.startswith("_"))
+    assert len(wnids) == 200 and len(set(wnids)) == 200
+    checked = validate_descriptions(path, wnids, k=3)
+    assert len(checked.prompts) == 200
+    words = checked.metadata["class_words"]
+    for wnid in wnids:  # every key is a WordNet 3.0 noun whose lemmas match the class words
+        lemmas = {name.replace("_", " ").lower() for name in S.synset_of(wnid, wn).lemma_names()}
+        assert lemmas & {w.strip().lower() for w in words[wnid].split(",")}, wnid
