@@ -147,14 +147,27 @@ class Client:
         return means, counts
 
     def state_dict(self) -> dict[str, Any]:
+        # Modules in the algorithm's state (e.g. a shared model) are saved as weights only.
+        state = {
+            k: {_MODULE_KEY: v.state_dict()} if isinstance(v, torch.nn.Module) else v
+            for k, v in self.state.items()
+        }
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
-            "state": self.state,
+            "state": state,
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.model.load_state_dict(saved["model"])
         if self.optimizer is not None and saved["optimizer"] is not None:
             self.optimizer.load_state_dict(saved["optimizer"])
-        self.state = saved["state"]
+        for key, value in saved["state"].items():
+            if isinstance(value, dict) and _MODULE_KEY in value:
+                # Load in place: the optimiser holds this module's parameter objects.
+                self.state[key].load_state_dict(value[_MODULE_KEY])
+            else:
+                self.state[key] = value
+
+
+_MODULE_KEY = "__module_state__"
