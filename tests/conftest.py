@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fedtsp.config import RunConfig
-from fedtsp.data import ImageDataset
+from fedtsp.data import ImageDataset, dataset_info
 
 # One intra-op thread: the tests' models are tiny, and with two threads a second busy
 # process on a 2-core machine makes every op wait on spinning OpenMP workers (10x slower).
@@ -19,10 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 CIFAR10_ARCHIVE = SHARED_DATA / "cifar10-jpg.tar.gz"
 
-CIFAR10_CLASSES = [
-    "airplane", "automobile", "bird", "cat", "deer",
-    "dog", "frog", "horse", "ship", "truck",
-]  # fmt: skip
+CIFAR10_CLASSES = list(dataset_info("cifar10").classes)
 
 
 def synthetic_dataset(per_class: int = 60, seed: int = 0, size: int = 32) -> ImageDataset:

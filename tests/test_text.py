@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedtsp.data import dataset_info
 from fedtsp.descriptions import (
     DescriptionError,
     class_prompts,
@@ -24,18 +25,7 @@ from fedtsp.models.text import (
     text_encoder_width,
 )
 
-CIFAR10 = [
-    "airplane",
-    "automobile",
-    "bird",
-    "cat",
-    "deer",
-    "dog",
-    "frog",
-    "horse",
-    "ship",
-    "truck",
-]
+CIFAR10 = list(dataset_info("cifar10").classes)
 SHORT = "A photo of a cat."
 LONG = (
     "A photo of a cat: a small domesticated carnivorous mammal with soft fur, a short "
