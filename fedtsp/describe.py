@@ -32,7 +32,6 @@ import os
 import random
 import re
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -43,6 +42,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Protocol
+
+from fedtsp.atomic import atomic_write_bytes
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -664,19 +665,8 @@ def _today() -> str:
 
 
 def _write_atomic(path: Path, data: dict) -> None:
-    """Write JSON to a temporary file next to `path`, then rename it over `path`."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, ensure_ascii=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 # _meta fields that must agree for a file to be resumed.

@@ -13,35 +13,16 @@ process never leaves a half-written record behind.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedtsp.atomic import atomic_save, atomic_write_bytes
+
 RECORD_VERSION = 1
-
-
-def atomic_save(path: Path, writer: Any) -> None:
-    """Call ``writer(file_object)`` into a temporary file, then move it to ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            writer(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    atomic_save(path, lambda handle: handle.write(data))
 
 
 def code_version() -> dict[str, Any]:

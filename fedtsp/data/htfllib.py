@@ -14,14 +14,13 @@ Layout written by HtFLlib's dataset generators and read by its ``read_client_dat
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from fedtsp.atomic import atomic_save
 from fedtsp.data.datasets import normalize
 from fedtsp.data.partition import Partition
 
@@ -47,16 +46,6 @@ class ClientTensors(NamedTuple):
     y_train: torch.Tensor
     x_test: torch.Tensor
     y_test: torch.Tensor
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def export_htfllib(
@@ -90,7 +79,7 @@ def export_htfllib(
                 "x": normalize(images[idx]).numpy(),
                 "y": labels[idx].astype(np.int64),
             }
-            _atomic_write(root / sub / f"{i}.npz", lambda f, d=data: np.savez_compressed(f, data=d))
+            atomic_save(root / sub / f"{i}.npz", lambda f, d=data: np.savez_compressed(f, data=d))
     config = {
         "num_clients": partition.num_clients,
         "num_classes": partition.num_classes,
@@ -104,7 +93,7 @@ def export_htfllib(
     }
     text = json.dumps(config, indent=1)
     # config.json last: its presence marks a complete export.
-    _atomic_write(root / "config.json", lambda f: f.write(text.encode()))
+    atomic_save(root / "config.json", lambda f: f.write(text.encode()))
     return root / "config.json"
 
 
