@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -30,3 +30,28 @@ def aggregate_prototypes(
     present = total > 0
     summed = (weights.unsqueeze(-1) * protos).sum(0)
     return summed / total.clamp(min=1e-12).unsqueeze(-1), present
+
+
+def normalized_weights(sizes: Sequence[Tensor | int], weighting: str = "samples") -> Tensor:
+    """FedAvg weights summing to 1: proportional to client sizes, or equal (``uniform``)."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting={weighting!r} is invalid; choose one of {WEIGHTINGS}")
+    if weighting == "samples":
+        counts = torch.tensor([float(n) for n in sizes], dtype=torch.float64)
+    else:
+        counts = torch.ones(len(sizes), dtype=torch.float64)
+    return counts / counts.sum()
+
+
+def fedavg(
+    states: Sequence[Mapping[str, Tensor]], weights: Tensor, keys: Sequence[str] | None = None
+) -> dict[str, Tensor]:
+    """``sum_i weights[i] * states[i][k]`` for every key (float32): the one FedAvg rule
+    shared by every method that averages parameters."""
+    out = {}
+    for key in keys if keys is not None else list(states[0]):
+        acc = torch.zeros_like(states[0][key], dtype=torch.float32)
+        for w, state in zip(weights.tolist(), states, strict=True):
+            acc.add_(state[key].to(acc.device).float(), alpha=w)
+        out[key] = acc
+    return out

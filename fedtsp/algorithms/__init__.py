@@ -1,6 +1,19 @@
 """Federated algorithms, one file per method, all on the interface in `base`."""
 
-from fedtsp.algorithms import fedproto, fedtsp, local  # noqa: F401  (registers the methods)
+from fedtsp.algorithms import (  # noqa: F401  (registers the methods)
+    alignfed,
+    feddistill,
+    fedgen,
+    fedgh,
+    fedkd,
+    fedmrl,
+    fedproto,
+    fedtgp,
+    fedtsp,
+    fml,
+    lgfedavg,
+    local,
+)
 from fedtsp.algorithms.base import (
     ALGORITHMS,
     Algorithm,

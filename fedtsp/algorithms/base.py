@@ -71,8 +71,8 @@ class Algorithm:
         """Called once after the clients exist; may return a first broadcast."""
         return None
 
-    def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
-        """Parameters the client's local optimiser updates."""
+    def client_parameters(self, client: Client) -> list[Any]:
+        """Parameters (or optimiser parameter groups) the client's local SGD updates."""
         return list(client.model.parameters())
 
     # ---- client side ----------------------------------------------------------------

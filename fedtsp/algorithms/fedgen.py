@@ -1,0 +1,281 @@
+"""FedGen (Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
+Learning", ICML 2021), in the heterogeneous-model form of HtFLlib.
+
+The server learns a conditional feature generator G(z, y) -> R^d such that the ensemble of the
+clients' uploaded heads classifies G(z, y) as y; clients add ``gen_weight * CE(head(G(z, y)),
+y)`` on generated features, labels drawn from the global label distribution, so their heads
+learn the federation's feature distribution. As in HtFLlib the heads are also averaged
+(sample-weighted) and sent back (``share_head``), and all heads start from client 0's.
+
+Generator: ``[one_hot(y), z] -> Linear(noise_dim + C, hidden_dim) -> BatchNorm1d -> ReLU ->
+Linear(hidden_dim, d)``, trained for ``server_epochs`` Adam steps per round on batches of
+``server_batch`` labels drawn from the global label counts; the Adam state starts afresh
+every round, as in HtFLlib. Its batch norm always uses batch statistics (HtFLlib never
+switches the generator to eval mode), so it has no running buffers to send.
+
+Paper vs authors' code: noise is N(0, I) as in the paper (``noise="gaussian"``; the code
+draws U[0, 1), ``"uniform"``); each generated sample's ensemble logits weight client k by its
+share of that sample's class, as in the paper (``ensemble_weighting="class_counts"``; the code
+weights by total train size, ``"client_size"``); the paper's generator loss has a diversity
+term (``diversity_weight``: 0 by default, as in the authors' code; FedGen's own code uses 1).
+FedGen's clients also decay the generator term's weight over rounds; like HtFLlib,
+``gen_weight`` stays constant. The authors' code never saves the trained generator (it is loaded from disk, trained, and dropped), so
+their clients regularise with the randomly initialised one from round 0:
+``frozen_generator=True`` reproduces that. With a trained generator, clients add the term only
+once the first trained generator has arrived (a random one carries no class information).
+The label counts used in round 0 of ``frozen_generator`` are read from the clients at set-up,
+as the authors' server does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.lgfedavg import average_heads, load_head
+from fedtsp.clients import Client
+
+ENSEMBLE_WEIGHTINGS = ("class_counts", "client_size")
+NOISES = ("gaussian", "uniform")
+_GEN = "gen."  # prefix of the generator's tensors in a broadcast
+_PROTO_SAMPLES = 64  # generated samples per class for the class-mean artifact
+
+
+@dataclass
+class FedGenOptions:
+    noise_dim: int = option(32, "width of the generator's noise input z")
+    hidden_dim: int = option(512, "width of the generator's hidden layer")
+    generator_lr: float = option(0.1, "Adam learning rate of the server's generator")
+    server_epochs: int = option(100, "generator training steps per round")
+    server_batch: int = option(100, "generated samples per generator training step")
+    gen_weight: float = option(1.0, "weight of the clients' CE on generated features")
+    share_head: bool = option(True, "average the heads too, as HtFLlib's FedGen does")
+    ensemble_weighting: str = option(
+        "class_counts", "head ensemble weights: class_counts (paper) or client_size (code)"
+    )
+    noise: str = option("gaussian", "generator noise: gaussian (paper) or uniform (code)")
+    diversity_weight: float = option(0.0, "weight of FedGen's diversity term (code: 0)")
+    frozen_generator: bool = option(
+        False, "keep the random initial generator, as the authors' code effectively does"
+    )
+
+    def validate(self) -> None:
+        for name in ("noise_dim", "hidden_dim", "server_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; must be >= 1")
+        if self.server_batch < 2:
+            raise ValueError(f"server_batch={self.server_batch} is invalid; batch norm needs >= 2")
+        if self.server_epochs < 0:
+            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
+        if not self.generator_lr > 0:
+            raise ValueError(f"generator_lr={self.generator_lr} is invalid; must be > 0")
+        for name in ("gen_weight", "diversity_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} is invalid; must be >= 0")
+        if self.ensemble_weighting not in ENSEMBLE_WEIGHTINGS:
+            raise ValueError(
+                f"ensemble_weighting={self.ensemble_weighting!r} is invalid; choose one of "
+                f"{', '.join(ENSEMBLE_WEIGHTINGS)}"
+            )
+        if self.noise not in NOISES:
+            raise ValueError(f"noise={self.noise!r} is invalid; choose one of {', '.join(NOISES)}")
+
+
+class FeatureGenerator(nn.Module):
+    """G(z, y): a one-hidden-layer MLP on the concatenated one-hot label and noise."""
+
+    def __init__(
+        self, noise_dim: int, num_classes: int, hidden_dim: int, feature_dim: int, noise: str
+    ) -> None:
+        super().__init__()
+        self.noise_dim, self.num_classes, self.noise = noise_dim, num_classes, noise
+        self.net = nn.Sequential(
+            nn.Linear(noise_dim + num_classes, hidden_dim),
+            nn.BatchNorm1d(hidden_dim, track_running_stats=False),
+            nn.ReLU(),
+            nn.Linear(hidden_dim, feature_dim),
+        )
+
+    def forward(self, labels: Tensor) -> tuple[Tensor, Tensor]:
+        """Features for ``labels`` (N,) and the noise that produced them."""
+        shape, device = (labels.shape[0], self.noise_dim), labels.device
+        eps = torch.randn(shape, device=device)
+        if self.noise == "uniform":
+            eps = torch.rand(shape, device=device)
+        onehot = F.one_hot(labels, self.num_classes).float()
+        return self.net(torch.cat([onehot, eps], dim=1)), eps
+
+
+def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
+    """FedGen's diversity term: exp(-mean_ij ||z_i - z_j||^2 / k * |g_i - g_j|_1 / d).
+
+    Small when samples with distant noise get distant features (it fights mode collapse).
+    """
+    noise_dist = torch.cdist(noise, noise).pow(2) / noise.shape[1]
+    feat_dist = torch.cdist(feats, feats, p=1) / feats.shape[1]
+    return torch.exp(-(noise_dist * feat_dist).mean())
+
+
+@register
+class FedGen(Algorithm):
+    name = "fedgen"
+    Options = FedGenOptions
+
+    def setup(self, clients: list[Client]) -> Message:
+        opts = self.opts
+        self.generator = self._new_generator()
+        for client in clients:
+            client.state["generator"] = self._new_generator()  # weights come with broadcasts
+        self.global_head: dict[str, Tensor] | None = None
+        self.label_counts: Tensor | None = None
+        self.global_protos: Tensor | None = None
+        self.last: dict[str, float] = {
+            "generator_loss": float("nan"),
+            "generator_acc": float("nan"),
+        }
+        first: Message = {}
+        if opts.share_head:  # one common starting head, like the authors' round-0 broadcast
+            head = clients[0].model.head
+            self.global_head = {
+                "weight": head.weight.detach().float().clone(),
+                "bias": head.bias.detach().float().clone(),
+            }
+            first |= {
+                "head_weight": self.global_head["weight"],
+                "head_bias": self.global_head["bias"],
+            }
+        if opts.frozen_generator:
+            self.label_counts = torch.stack([c.class_counts() for c in clients]).sum(0).cpu()
+            first |= self._generator_message()
+        return first
+
+    def _new_generator(self) -> FeatureGenerator:
+        opts, ctx = self.opts, self.ctx
+        return FeatureGenerator(
+            opts.noise_dim, ctx.num_classes, opts.hidden_dim, ctx.feature_dim, opts.noise
+        ).to(ctx.device)
+
+    def _generator_message(self) -> Message:
+        weights = {_GEN + k: v.detach() for k, v in self.generator.state_dict().items()}
+        return weights | {"label_counts": self.label_counts}
+
+    # ---- client side ----------------------------------------------------------------
+    def local_loss(
+        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
+    ) -> Tensor | None:
+        counts = client.state.get("label_counts")
+        if counts is None or self.opts.gen_weight == 0:
+            return None
+        with torch.no_grad():  # the generator is the server's; only the head learns here
+            labels = torch.multinomial(counts.float(), y.shape[0], replacement=True)
+            generated, _ = client.state["generator"](labels)
+        out = client.model.head(generated.to(feats.dtype))
+        return self.opts.gen_weight * F.cross_entropy(out.float(), labels)
+
+    def upload(self, client: Client) -> Message:
+        head = client.model.head
+        return {
+            "head_weight": head.weight.detach().float(),
+            "head_bias": head.bias.detach().float(),
+            "counts": client.class_counts(),
+        }
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        if "head_weight" in broadcast:
+            load_head(client, broadcast["head_weight"], broadcast["head_bias"])
+        if "label_counts" in broadcast:
+            weights = {k[len(_GEN) :]: v for k, v in broadcast.items() if k.startswith(_GEN)}
+            client.state["generator"].load_state_dict(weights)
+            client.state["label_counts"] = broadcast["label_counts"].to(client.device)
+
+    # ---- server side ----------------------------------------------------------------
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        device = self.ctx.device
+        weight = torch.stack([u["head_weight"] for u in uploads]).to(device)  # (K, C, d)
+        bias = torch.stack([u["head_bias"] for u in uploads]).to(device)  # (K, C)
+        counts = torch.stack([u["counts"] for u in uploads]).to(device).float()  # (K, C)
+        broadcast: Message = {}
+        if self.opts.share_head:
+            self.global_head = average_heads(counts.sum(1), weight, bias)
+            broadcast |= {
+                "head_weight": self.global_head["weight"],
+                "head_bias": self.global_head["bias"],
+            }
+        if not self.opts.frozen_generator:
+            self.label_counts = counts.sum(0).long().cpu()
+            self._train_generator(weight, bias, counts)
+            broadcast |= self._generator_message()
+        self.global_protos = self._class_means()
+        return broadcast
+
+    def _ensemble_weights(self, counts: Tensor) -> Tensor:
+        """(K, C): how much client k's head counts for a sample of class c."""
+        if self.opts.ensemble_weighting == "class_counts":
+            return counts / counts.sum(0, keepdim=True).clamp(min=1)
+        sizes = counts.sum(1, keepdim=True)
+        return (sizes / sizes.sum()).expand_as(counts)
+
+    def _train_generator(self, weight: Tensor, bias: Tensor, counts: Tensor) -> None:
+        opts, gen = self.opts, self.generator
+        if opts.server_epochs == 0:
+            return
+        share = self._ensemble_weights(counts)
+        label_p = counts.sum(0)
+        optimizer = torch.optim.Adam(gen.parameters(), lr=opts.generator_lr)
+        gen.train()
+        for _ in range(opts.server_epochs):
+            labels = torch.multinomial(label_p, opts.server_batch, replacement=True)
+            feats, eps = gen(labels)
+            per_head = torch.einsum("nd,kcd->knc", feats, weight) + bias[:, None, :]
+            logits = (share[:, labels].unsqueeze(-1) * per_head).sum(0)
+            loss = F.cross_entropy(logits, labels)
+            if opts.diversity_weight > 0:
+                loss = loss + opts.diversity_weight * diversity_loss(eps, feats)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        self.last = {
+            "generator_loss": float(loss.detach()),
+            "generator_acc": float((logits.argmax(1) == labels).float().mean()),
+        }
+
+    @torch.no_grad()
+    def _class_means(self) -> Tensor:
+        """Mean generated feature per class (zero rows for classes nobody holds)."""
+        present = (self.label_counts > 0).nonzero().flatten().to(self.ctx.device)
+        labels = present.repeat(_PROTO_SAMPLES)  # balanced batch: batch-norm stats are shared
+        feats, _ = self.generator(labels)
+        out = torch.zeros(self.ctx.num_classes, feats.shape[1], device=feats.device)
+        out.index_add_(0, labels, feats)
+        return out / _PROTO_SAMPLES
+
+    def round_metrics(self) -> dict[str, float]:
+        return {} if self.opts.frozen_generator else dict(self.last)
+
+    def artifacts(self) -> dict[str, Tensor]:
+        out: dict[str, Tensor] = {}
+        if self.global_protos is not None:
+            out["global_prototypes"] = self.global_protos
+        if self.global_head is not None:
+            out["global_head"] = self.global_head["weight"]
+        return out
+
+    def state_dict(self) -> dict:
+        return {
+            "generator": self.generator.state_dict(),
+            "global_head": self.global_head,
+            "label_counts": self.label_counts,
+            "global_protos": self.global_protos,
+            "last": self.last,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.load_state_dict(state["generator"])
+        self.global_head = state["global_head"]
+        self.label_counts = state["label_counts"]
+        self.global_protos = state["global_protos"]
+        self.last = state["last"]

@@ -1,0 +1,122 @@
+"""FedGH (Yi, Wang, Liu, Shi and Yu, ACM Multimedia 2023): a generalized global header.
+
+After local training (plain cross-entropy) each client uploads the class-mean features
+of the classes it holds; the server trains one global head ``Linear(d, C)`` on those
+(prototype, class) pairs with cross-entropy and sends it back, and every client replaces
+its own head with it.
+
+Departures: the server's pass over the uploaded pairs is ``server_epochs`` epochs of SGD
+in shuffled mini-batches of ``server_batch`` (the HtFLlib code's choice: one epoch, batch
+100). The server's head starts as a copy of client 0's head, sent once in the set-up
+message, so every client starts from the same head. Evaluation uses each client's head,
+which is the global head received at the end of the previous round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.clients import Client
+
+
+@dataclass
+class FedGHOptions:
+    server_lr: float = option(0.01, "SGD learning rate of the global head")
+    server_epochs: int = option(1, "server epochs over the uploaded (prototype, class) pairs")
+    server_batch: int = option(100, "server mini-batch of uploaded prototypes")
+
+    def validate(self) -> None:
+        if not self.server_lr > 0:
+            raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
+        if self.server_epochs < 1:
+            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 1")
+        if self.server_batch < 1:
+            raise ValueError(f"server_batch={self.server_batch} is invalid; must be >= 1")
+
+
+@register
+class FedGH(Algorithm):
+    name = "fedgh"
+    Options = FedGHOptions
+
+    def setup(self, clients: list[Client]) -> Message:
+        first = clients[0].model.head
+        self.head = nn.Linear(first.in_features, first.out_features).to(self.ctx.device)
+        self.head.load_state_dict(first.state_dict())
+        self.class_means: Tensor | None = None
+        self.metrics: dict[str, float] = {}
+        return self._broadcast()
+
+    def _broadcast(self) -> Message:
+        return {"head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}
+
+    # ---- client side ----------------------------------------------------------------
+    def upload(self, client: Client) -> Message:
+        means, counts = client.class_prototypes()
+        present = counts > 0
+        return {"protos": means[present], "present": present}
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        head = client.model.head
+        with torch.no_grad():  # in place: the client's optimiser holds these parameters
+            head.weight.copy_(broadcast["head.weight"])
+            head.bias.copy_(broadcast["head.bias"])
+
+    # ---- server side ----------------------------------------------------------------
+    @torch.no_grad()
+    def _fit(self, protos: Tensor, labels: Tensor) -> tuple[float, float]:
+        logits = self.head(protos)
+        acc = float((logits.argmax(1) == labels).float().mean())
+        return float(F.cross_entropy(logits, labels)), acc
+
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        device, num_classes = self.ctx.device, self.ctx.num_classes
+        protos = torch.cat([u["protos"].to(device).float() for u in uploads])
+        labels = torch.cat([u["present"].to(device).nonzero().squeeze(1) for u in uploads])
+        sums = torch.zeros(num_classes, protos.shape[1], device=device).index_add_(
+            0, labels, protos
+        )
+        held = torch.bincount(labels, minlength=num_classes)
+        self.class_means = sums / held.clamp(min=1).unsqueeze(1)
+
+        loss_before, acc_before = self._fit(protos, labels)
+        # Plain SGD keeps no state, so a fresh optimiser per round is exact on resume.
+        optimizer = torch.optim.SGD(self.head.parameters(), lr=self.opts.server_lr)
+        for _ in range(self.opts.server_epochs):
+            for idx in torch.randperm(labels.shape[0]).to(device).split(self.opts.server_batch):
+                loss = F.cross_entropy(self.head(protos[idx]), labels[idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+        loss_after, acc_after = self._fit(protos, labels)
+        self.metrics = {
+            "server_loss_before": loss_before,
+            "server_loss_after": loss_after,
+            "proto_acc_before": acc_before,
+            "proto_acc_after": acc_after,
+        }
+        return self._broadcast()
+
+    def round_metrics(self) -> dict[str, float]:
+        return self.metrics
+
+    def artifacts(self) -> dict[str, Tensor]:
+        out = {
+            "global_head": self.head.weight.detach(),
+            "global_head_bias": self.head.bias.detach(),
+        }
+        if self.class_means is not None:
+            out["global_prototypes"] = self.class_means
+        return out
+
+    def state_dict(self) -> dict:
+        return {"head": self.head.state_dict(), "class_means": self.class_means}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.head.load_state_dict(state["head"])
+        self.class_means = state["class_means"]

@@ -1,0 +1,123 @@
+"""FedMRL (Yi et al., "Federated Model Heterogeneous Matryoshka Representation Learning",
+NeurIPS 2024).
+
+Each client concatenates the ``sub_dim``-wide representation of a small shared extractor with
+its own d-wide representation and maps the concatenation with a personal linear projector
+(``sub_dim + d -> d``) to a fused representation; its first ``sub_dim`` entries (the coarse
+Matryoshka representation) feed the shared head ``Linear(sub_dim, C)`` and all d entries (the
+fine one) feed the personal head, and the loss is the sum of the two cross-entropies. Only the
+shared model (extractor + head) is uploaded and averaged (FedAvg); projector, personal
+extractor and personal head stay on the client.
+
+Evaluation, precisely: ``personal_head(projector(concat(shared_features(x),
+personal_features(x))))``, the fine path through the personal head, as in the authors' code;
+the shared head's output is not used. The shared extractor is the family's first architecture (see ``shared_model``)
+whose flattened output is average-pooled to ``sub_dim`` entries (the authors' code builds it the
+same way, ``BaseHeadSplit(args, 0, sub_feature_dim)``). Departures and code variants: the paper
+averages by train size (``weighting="samples"``), the FedTSP authors' fork uniformly
+(``"uniform"``). The fork clips gradient norms at 10, which the simulator's loop cannot do and
+the paper does not. Floating-point buffers (BatchNorm statistics) are averaged with the shared
+parameters; the fork averages parameters only. The projectors are initialised independently per
+client (the fork seeds every client's projector identically, which matters only before round 0).
+
+No ``global_prototypes`` artifact: the only global component is an extractor whose output is
+fused with personal features by a personal projector before any classifier sees it, so there is
+no global class representation to save.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from fedtsp.aggregation import WEIGHTINGS, fedavg
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.shared_model import (
+    attach_shared_models,
+    check_shared_arch,
+    client_weights,
+    load_shared_weights,
+    resolve_shared_arch,
+    seeded,
+    set_training,
+    shared_weights,
+    upload_with_count,
+)
+from fedtsp.clients import Client
+
+
+@dataclass
+class FedMRLOptions:
+    sub_dim: int = option(
+        128, "width of the shared representation and of the coarse Matryoshka representation"
+    )
+    weighting: str = option("samples", "shared-model average: samples (paper) or uniform (code)")
+    shared_arch: str = option(
+        "first", "shared model: first (the family's first architecture, authors' code) or a name"
+    )
+
+    def validate(self) -> None:
+        if isinstance(self.sub_dim, bool) or not isinstance(self.sub_dim, int) or self.sub_dim < 1:
+            raise ValueError(f"sub_dim={self.sub_dim!r} is invalid; must be a positive integer")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_shared_arch(self.shared_arch)
+
+
+@register
+class FedMRL(Algorithm):
+    name = "fedmrl"
+    Options = FedMRLOptions
+
+    def setup(self, clients: list[Client]) -> Message | None:
+        d, sub = self.ctx.feature_dim, self.opts.sub_dim
+        if sub > d:
+            raise ValueError(
+                f"sub_dim={sub} is invalid; the coarse representation cannot be wider than the "
+                f"fused one (feature_dim={d})"
+            )
+        arch = resolve_shared_arch(self.opts.shared_arch, clients)
+        template = attach_shared_models(clients, self.ctx, arch, feature_dim=sub)
+        self.keys = list(shared_weights(template))
+        with seeded(self.ctx, tag=0x9207):
+            for client in clients:
+                client.state["proj"] = nn.Linear(sub + d, d).to(self.ctx.device)
+        return None  # every shared copy starts identical; nothing to send
+
+    def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
+        return [
+            *client.model.parameters(),
+            *client.state["proj"].parameters(),
+            *client.state["shared"].parameters(),
+        ]
+
+    def _fused(self, client: Client, x: Tensor) -> Tensor:
+        shared_rep = client.state["shared"].features(x)  # generalised, sub_dim wide
+        personal_rep = client.model.features(x)  # personalised, d wide
+        return client.state["proj"](torch.cat([shared_rep, personal_rep], dim=1))
+
+    def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
+        shared = client.state["shared"]
+        set_training(shared, True)
+        fused = self._fused(client, x)
+        coarse_logits = shared.head(fused[:, : self.opts.sub_dim])
+        fine_logits = client.model.head(fused)
+        return F.cross_entropy(coarse_logits, y) + F.cross_entropy(fine_logits, y)
+
+    def predict(self, client: Client, x: Tensor) -> Tensor:
+        set_training(client.state["shared"], False)
+        return client.model.head(self._fused(client, x))
+
+    def upload(self, client: Client) -> Message:
+        return upload_with_count(
+            client, shared_weights(client.state["shared"]), self.opts.weighting
+        )
+
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        return fedavg(uploads, client_weights(uploads, self.opts.weighting), self.keys)
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        load_shared_weights(client.state["shared"], broadcast)

@@ -1,0 +1,128 @@
+"""FML (Shen et al., "Federated Mutual Learning", arXiv 2006.16765, 2020).
+
+Every client trains its personal model and its copy of a small shared "meme" model together
+by deep mutual learning: personal loss ``alpha * CE + (1 - alpha) * KL(p_meme || p_personal)``,
+meme loss ``beta * CE + (1 - beta) * KL(p_personal || p_meme)`` (options ``personal_alpha``,
+``meme_beta``), each model distilling from the other's detached prediction. Only the meme model is uploaded; the server averages it
+(FedAvg) and broadcasts the average, which every client loads in place; evaluation uses the
+personal model.
+
+Departures and code variants: the paper weights the FedAvg by train sizes
+(``weighting="samples"``); the FedTSP authors' fork of HtFLlib averages uniformly
+(``"uniform"``). The fork's ``nn.KLDivLoss()`` averages the KL over the logits as well, i.e.
+divides it by the number of classes (``kl_reduction="mean"``); the default is the KL per sample.
+The shared model is the family's first architecture, as in the fork (see ``shared_model``).
+The fork also clips each model's gradient norm at 10; the simulator's optimiser loop has no
+such step, and the paper does not clip. Floating-point buffers (BatchNorm statistics) of the
+meme model are averaged with its parameters; the fork averages parameters only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from fedtsp.aggregation import WEIGHTINGS, fedavg
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.shared_model import (
+    KL_REDUCTIONS,
+    attach_shared_models,
+    check_shared_arch,
+    class_mean_features,
+    client_weights,
+    distill_kl,
+    load_shared_weights,
+    resolve_shared_arch,
+    set_training,
+    shared_weights,
+    upload_with_count,
+)
+from fedtsp.clients import Client
+
+
+@dataclass
+class FMLOptions:
+    # Named apart from the run's Dirichlet --alpha.
+    personal_alpha: float = option(
+        0.5, "alpha: personal model's CE weight (1 - alpha: its KL to the meme model)"
+    )
+    meme_beta: float = option(
+        0.5, "beta: meme model's CE weight (1 - beta: its KL to the personal)"
+    )
+    temperature: float = option(1.0, "softmax temperature of the mutual KL terms (scaled by T^2)")
+    kl_reduction: str = option(
+        "batchmean", "KL per sample (batchmean, paper) or also per class (mean, authors' code)"
+    )
+    weighting: str = option("samples", "shared-model average: samples (paper) or uniform (code)")
+    shared_arch: str = option(
+        "first", "shared model: first (the family's first architecture, authors' code) or a name"
+    )
+
+    def validate(self) -> None:
+        for name in ("personal_alpha", "meme_beta"):
+            value = getattr(self, name)
+            if not 0 <= value <= 1:
+                raise ValueError(f"{name}={value} is invalid; must be in [0, 1]")
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature} is invalid; must be > 0")
+        if self.kl_reduction not in KL_REDUCTIONS:
+            raise ValueError(
+                f"kl_reduction={self.kl_reduction!r} is invalid; choose {KL_REDUCTIONS}"
+            )
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_shared_arch(self.shared_arch)
+
+
+@register
+class FML(Algorithm):
+    name = "fml"
+    Options = FMLOptions
+
+    def setup(self, clients: list[Client]) -> Message | None:
+        self.clients = clients  # for the analysis artifact only
+        template = attach_shared_models(
+            clients, self.ctx, resolve_shared_arch(self.opts.shared_arch, clients)
+        )
+        self.keys = list(shared_weights(template))
+        return None  # every copy starts identical; nothing to send
+
+    def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
+        return [*client.model.parameters(), *client.state["shared"].parameters()]
+
+    def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
+        o = self.opts
+        a, b, t, red = o.personal_alpha, o.meme_beta, o.temperature, o.kl_reduction
+        meme = client.state["shared"]
+        set_training(meme, True)
+        personal_logits = client.model(x)
+        meme_logits = meme(x)
+        # Each model learns from the other's prediction as a fixed target, so one backward
+        # pass through the sum updates both models exactly as two separate losses would.
+        kl_personal = distill_kl(personal_logits, meme_logits.detach(), t, red)
+        kl_meme = distill_kl(meme_logits, personal_logits.detach(), t, red)
+        personal = a * F.cross_entropy(personal_logits, y) + (1 - a) * kl_personal
+        shared = b * F.cross_entropy(meme_logits, y) + (1 - b) * kl_meme
+        return personal + shared
+
+    def upload(self, client: Client) -> Message:
+        return upload_with_count(
+            client, shared_weights(client.state["shared"]), self.opts.weighting
+        )
+
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        weights = client_weights(uploads, self.opts.weighting)
+        return fedavg(uploads, weights, self.keys)
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        load_shared_weights(client.state["shared"], broadcast)
+
+    def artifacts(self) -> dict[str, Tensor]:
+        # The meme model is one global model: its class-mean features over all clients' data
+        # are the run's global class prototypes (computed here, never transmitted).
+        return {
+            "global_prototypes": class_mean_features(self.clients[0].state["shared"], self.clients)
+        }

@@ -1,0 +1,218 @@
+"""FedGen, LG-FedAvg and FedDistill: each mechanism with real numbers, learning, resume."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from fedtsp.algorithms import RunContext, resolve_options
+from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
+from fedtsp.config import ConfigError
+from fedtsp.results import RunStore
+from fedtsp.simulation import prepare, run_experiment
+
+C, D = 10, 512  # tiny_data's classes; the default feature width
+
+
+def _strip_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
+
+
+def _local_round(run, epochs: int = 1) -> list[dict]:
+    """Train every client as the simulator does and return the uploads."""
+    algo = run.algorithm
+    for client in run.clients:
+        client.train(algo.train_loss, epochs, 20, torch.Generator().manual_seed(client.index))
+    return [algo.upload(c) for c in run.clients]
+
+
+# ---- mechanisms ----------------------------------------------------------------------------
+def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data):
+    torch.manual_seed(0)
+    run = prepare(tiny_config(algorithm="fedgen"), dataset=tiny_data)
+    algo = run.algorithm
+    for client in run.clients:
+        algo.receive(client, run.first_broadcast)
+    assert "label_counts" not in run.clients[0].state  # no untrained generator is used
+    uploads = _local_round(run, epochs=2)
+    weight = torch.stack([u["head_weight"] for u in uploads])
+    bias = torch.stack([u["head_bias"] for u in uploads])
+    counts = torch.stack([u["counts"] for u in uploads]).float()
+    share = counts / counts.sum(0)  # each head's share of each class (ensemble weights)
+    labels = torch.arange(C).repeat(30)
+
+    def head_accuracy() -> tuple[float, list[float]]:
+        with torch.no_grad():
+            feats, _ = algo.generator(labels)
+            per_head = torch.einsum("nd,kcd->knc", feats, weight) + bias[:, None, :]
+            ensemble = (share[:, labels].unsqueeze(-1) * per_head).sum(0)
+            own = [float((p.argmax(1) == labels).float().mean()) for p in per_head]
+            return float((ensemble.argmax(1) == labels).float().mean()), own
+
+    before, _ = head_accuracy()
+    broadcast = algo.server_step(uploads, 0)
+    after, per_head = head_accuracy()
+    # Untrained: about chance (0.1); trained: the ensemble reads the conditioning label.
+    assert before < 0.3 and after > 0.95, (before, after)
+    assert min(per_head) > 0.5, per_head  # even each single uploaded head mostly agrees
+    assert algo.round_metrics()["generator_acc"] > 0.9
+    # The broadcast carries the trained generator; clients then regularise their heads with it.
+    client = run.clients[1]
+    algo.receive(client, broadcast)
+    for key, value in algo.generator.state_dict().items():
+        assert torch.equal(client.state["generator"].state_dict()[key], value)
+    assert torch.equal(client.state["label_counts"], counts.sum(0).long())
+    x, y = client.train_x[:20], client.train_y[:20]
+    feats = client.model.features(x)
+    extra = algo.local_loss(client, x, y, feats, client.model.head(feats))
+    assert extra is not None and extra.requires_grad
+    protos = algo.artifacts()["global_prototypes"]
+    assert protos.shape == (C, D) and bool((protos.norm(dim=1) > 0).all())
+
+
+def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
+    run = prepare(
+        tiny_config(algorithm="fedgen", algo_options={"frozen_generator": True}), dataset=tiny_data
+    )
+    algo = run.algorithm
+    initial = {k: v.clone() for k, v in algo.generator.state_dict().items()}
+    for client in run.clients:
+        algo.receive(client, run.first_broadcast)
+    assert "label_counts" in run.clients[0].state  # random generator used from round 0
+    broadcast = algo.server_step(_local_round(run), 0)
+    assert set(broadcast) == {"head_weight", "head_bias"}  # nothing about the generator
+    for key, value in algo.generator.state_dict().items():
+        assert torch.equal(value, initial[key])
+
+
+def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
+    run = prepare(tiny_config(algorithm="lg-fedavg"), dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    for client in clients:
+        algo.receive(client, run.first_broadcast)
+    start = clients[0].model.head.weight.detach().clone()
+    assert all(torch.equal(c.model.head.weight, start) for c in clients)  # common start
+    uploads = _local_round(run)
+    sizes = [c.num_train for c in clients]
+    assert len(set(sizes)) > 1  # unequal clients, so weighting matters
+    expected_w = sum(
+        n * c.model.head.weight.detach() for n, c in zip(sizes, clients, strict=True)
+    ) / sum(sizes)
+    expected_b = sum(
+        n * c.model.head.bias.detach() for n, c in zip(sizes, clients, strict=True)
+    ) / sum(sizes)
+    uniform_w = sum(c.model.head.weight.detach() for c in clients) / len(clients)
+    bodies = [{k: v.clone() for k, v in c.model.features.state_dict().items()} for c in clients]
+    broadcast = algo.server_step(uploads, 0)
+    for client, body in zip(clients, bodies, strict=True):
+        algo.receive(client, broadcast)
+        torch.testing.assert_close(client.model.head.weight.detach(), expected_w)
+        torch.testing.assert_close(client.model.head.bias.detach(), expected_b)
+        for key, value in client.model.features.state_dict().items():
+            assert torch.equal(value, body[key])  # feature extractors stay local
+    assert not torch.allclose(expected_w, uniform_w)
+    x = clients[0].test_x[:8]
+    with torch.no_grad():
+        feats = [c.model.features(x) for c in clients]
+    assert not torch.allclose(feats[0], feats[1])
+    assert torch.equal(algo.artifacts()["global_head"], broadcast["head_weight"])
+
+
+def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled():
+    ctx = RunContext("cifar10", ["a", "b", "c"], D, 2, 1, torch.device("cpu"), 0)
+    algo = FedDistill(FedDistillOptions(), ctx)
+    uploads = [
+        {
+            "logits": torch.tensor([[2.0, 0, 0], [0, 4, 0], [0, 0, 0]]),
+            "counts": torch.tensor([3, 1, 0]),
+        },
+        {
+            "logits": torch.tensor([[6.0, 2, 0], [0, 0, 0], [0, 0, 0]]),
+            "counts": torch.tensor([1, 0, 0]),
+        },
+    ]
+    broadcast = algo.server_step(uploads, 0)
+    # Class 0: (3*[2,0,0] + 1*[6,2,0]) / 4 = [3, 0.5, 0]; class 1: client 0 alone; class 2: nobody.
+    expected = torch.tensor([[3.0, 0.5, 0], [0, 4, 0], [0, 0, 0]])
+    torch.testing.assert_close(broadcast["logits"], expected)
+    assert broadcast["present"].tolist() == [True, True, False]
+    uniform = FedDistill(FedDistillOptions(weighting="uniform"), ctx).server_step(uploads, 0)
+    torch.testing.assert_close(uniform["logits"][0], torch.tensor([4.0, 1, 0]))
+
+    client = SimpleNamespace(state={}, device=torch.device("cpu"))  # what the loss reads
+    algo.receive(client, broadcast)
+    logits = torch.tensor([[1.0, 0.5, 0], [9.0, 9, 9]], requires_grad=True)
+    y = torch.tensor([0, 2])  # the second sample's class has no global logits
+    loss = algo.local_loss(client, None, y, None, logits)
+    # MSE over all B*C entries; the class-2 sample is its own target and adds 0.
+    assert loss.item() == pytest.approx(((1 - 3) ** 2 + 0**2 + 0**2) / 6)
+    loss.backward()
+    assert logits.grad[1].abs().sum() == 0
+
+
+def test_feddistill_uploads_the_per_class_mean_logits_of_the_train_split(tiny_data):
+    run = prepare(tiny_config(algorithm="feddistill"), dataset=tiny_data)
+    client = run.clients[0]
+    means, counts = class_mean_logits(client)
+    with torch.no_grad():
+        client.model.eval()
+        logits = client.model(client.train_x)
+    for c in range(C):
+        rows = logits[client.train_y == c]
+        assert int(counts[c]) == rows.shape[0]
+        expected = rows.mean(0) if rows.shape[0] else torch.zeros(C)
+        torch.testing.assert_close(means[c], expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "bad"),
+    [
+        ("fedgen", {"generator_lr": 0}),
+        ("fedgen", {"ensemble_weighting": "x"}),
+        ("fedgen", {"server_batch": 1}),
+        ("feddistill", {"distill_loss": "kl"}),
+        ("feddistill", {"lam": -1}),
+    ],
+)
+def test_bad_options_fail_with_one_sentence(algorithm, bad):
+    with pytest.raises(ConfigError, match=next(iter(bad))):
+        resolve_options(algorithm, bad)
+
+
+# ---- learning, communication, resume --------------------------------------------------------
+HEAD = C * D * 4 + C * 4  # fp32 head weight + bias
+BYTES = {  # (up, down) per client per round for C = 10, d = 512
+    "fedgen": (HEAD + C * 8, HEAD + ((32 + C) * 512 + 512 + 2 * 512 + 512 * D + D) * 4 + C * 8),
+    "lg-fedavg": (HEAD + 8, HEAD),
+    "feddistill": (C * C * 4 + C * 8, C * C * 4 + C),
+}
+
+
+@pytest.mark.parametrize("algorithm", ["fedgen", "lg-fedavg", "feddistill"])
+def test_methods_learn_and_count_their_messages(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    assert record["summary"]["best_acc"] > 0.6
+    assert record["feature_dim"] == D
+    row = record["history"][0]
+    assert (row["bytes_up_per_client"], row["bytes_down_per_client"]) == BYTES[algorithm]
+    artifacts = RunStore(tmp_path).load_artifacts(record["key"])
+    key = {"fedgen": "global_prototypes", "lg-fedavg": "global_head", "feddistill": "global_logits"}
+    assert artifacts[key[algorithm]].shape == {"feddistill": (C, C)}.get(algorithm, (C, D))
+
+
+@pytest.mark.parametrize("algorithm", ["fedgen", "lg-fedavg", "feddistill"])
+def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=3)
+    whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
+    part = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2
+    )
+    assert part["interrupted_after_round"] == 1
+    resumed = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
+    )
+    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])

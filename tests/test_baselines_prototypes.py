@@ -1,0 +1,198 @@
+"""FedTGP, AlignFed and FedGH: their mechanisms, learning on tiny data, bytes, resume."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import tiny_config
+
+from fedtsp.algorithms import RunContext, resolve_options
+from fedtsp.algorithms.alignfed import AlignFed
+from fedtsp.algorithms.fedtgp import FedTGP, adaptive_margin
+from fedtsp.config import ConfigError
+from fedtsp.results import RunStore
+from fedtsp.simulation import PHASES, _train_round, prepare, run_experiment
+
+METHODS = ["fedtgp", "alignfed", "fedgh"]
+
+
+def _strip_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
+
+
+def _ctx(num_classes: int, dim: int, rounds: int = 10) -> RunContext:
+    names = [f"class{i}" for i in range(num_classes)]
+    return RunContext("cifar10", names, dim, 2, rounds, torch.device("cpu"), 0)
+
+
+def _start(config, tiny_data):
+    """A prepared run whose clients have received the set-up broadcast (round 0 next)."""
+    run = prepare(config, dataset=tiny_data)
+    if run.first_broadcast is not None:
+        for client in run.clients:
+            run.algorithm.receive(client, run.first_broadcast)
+    return run
+
+
+def _round(run, t: int) -> dict:
+    torch.manual_seed(t)
+    return _train_round(run, t, dict.fromkeys(PHASES, 0.0))
+
+
+# ---- FedTGP ------------------------------------------------------------------------------
+
+
+def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
+    # Client A holds classes 0 and 1, client B classes 0 and 2 (2-D features).
+    up_a = {"protos": torch.tensor([[0.0, 0.0], [4.0, 0.0]]), "present": torch.tensor([1, 1, 0])}
+    up_b = {"protos": torch.tensor([[2.0, 0.0], [0.0, 6.0]]), "present": torch.tensor([1, 0, 1])}
+    for up in (up_a, up_b):
+        up["present"] = up["present"].bool()
+    # Unweighted class means: c0 = (1, 0), c1 = (4, 0), c2 = (0, 6). Nearest other class:
+    # c0 -> c1 at 3, c1 -> c0 at 3, c2 -> c0 at sqrt(37); the largest is sqrt(37) = 6.08.
+    means = torch.tensor([[1.0, 0.0], [4.0, 0.0], [0.0, 6.0]])
+    present = torch.ones(3, dtype=torch.bool)
+    assert adaptive_margin(means, present, cap=100.0) == pytest.approx(math.sqrt(37), rel=1e-6)
+    assert adaptive_margin(means, present, cap=5.0) == 5.0
+    # Dropping class 2 leaves c0 and c1 at distance 3 from each other.
+    assert adaptive_margin(means, torch.tensor([True, True, False]), 100.0) == pytest.approx(3.0)
+    assert adaptive_margin(means, torch.tensor([True, False, False]), 7.0) == 7.0  # no pair
+
+    options = resolve_options("fedtgp", {})
+    algo = FedTGP(options, _ctx(3, 2))
+    torch.manual_seed(0)
+    algo.setup([])
+    broadcast = algo.server_step([up_a, up_b], 0)
+    assert algo.margin == pytest.approx(math.sqrt(37), rel=1e-6)
+    metrics = algo.round_metrics()
+    # 100 server epochs on the four uploaded prototypes: the loss falls within the round.
+    assert metrics["server_loss_last"] < 0.9 * metrics["server_loss_first"]
+    assert broadcast["protos"].shape == (3, 2)
+    losses = [metrics["server_loss_last"]]
+    for t in range(1, 20):
+        broadcast = algo.server_step([up_a, up_b], t)
+        losses.append(algo.round_metrics()["server_loss_last"])
+    assert all(b <= a for a, b in zip(losses, losses[1:], strict=False))
+    assert losses[-1] < 0.5 * metrics["server_loss_first"]
+    # After 2,000 server steps every upload's nearest prototype is its own class's, and
+    # the margin has pushed the prototypes further apart than the class means (>= 3).
+    protos = broadcast["protos"]
+    uploads = torch.cat([up_a["protos"], up_b["protos"]])
+    assert torch.cdist(uploads, protos).argmin(1).tolist() == [0, 1, 0, 2]
+    assert torch.pdist(protos).min() > 1.5 * torch.pdist(means).min()
+
+
+# ---- AlignFed ----------------------------------------------------------------------------
+
+
+def test_alignfed_anchors_spread_fixed_and_heads_averaged(tiny_data):
+    run = _start(tiny_config(algorithm="alignfed", rounds=4), tiny_data)
+    algo = run.algorithm
+    anchors = algo.anchors.clone()
+    cos = anchors @ anchors.T
+    off = cos[~torch.eye(10, dtype=torch.bool)]
+    assert torch.allclose(cos.diagonal(), torch.ones(10), atol=1e-5)
+    assert (off + 1 / 9).abs().max() < 0.01  # the regular simplex: pairwise cosine -1/(C-1)
+
+    seen = []
+    server_step = algo.server_step
+
+    def spy(uploads, t):
+        seen.append(uploads)
+        return server_step(uploads, t)
+
+    algo.server_step = spy
+    for t in range(2):
+        row = _round(run, t)
+        assert row["anchor_lam"] == pytest.approx(20 * math.exp(math.log(0.1) * t / 4))
+        heads = [c.model.head.weight.detach() for c in run.clients]
+        assert all(torch.equal(h, heads[0]) for h in heads)  # every client has the same head
+        n = torch.tensor([float(u["num_samples"]) for u in seen[-1]])
+        uploaded = torch.stack([u["head.weight"] for u in seen[-1]])
+        expected = (n[:, None, None] * uploaded).sum(0) / n.sum()  # sample-weighted FedAvg
+        assert torch.allclose(heads[0], expected, atol=1e-6)
+        assert not torch.allclose(uploaded[0], uploaded[1])  # bodies/heads did train apart
+        assert torch.equal(algo.anchors, anchors)  # anchors never move
+        assert all(torch.equal(c.state["anchors"], anchors) for c in run.clients)
+        assert all(c.state["round"] == t + 1 for c in run.clients)
+
+
+def test_alignfed_lambda_schedule_and_bad_options():
+    algo = AlignFed(resolve_options("alignfed", {}), _ctx(10, 8, rounds=300))
+    assert algo.lam(0) == pytest.approx(20.0)
+    assert algo.lam(150) == pytest.approx(math.sqrt(20 * 2))  # geometric mid-point
+    assert algo.lam(300) == pytest.approx(2.0)
+    with pytest.raises(ConfigError, match="anchor_tau"):
+        resolve_options("alignfed", {"anchor_tau": 0})
+    with pytest.raises(ConfigError, match="margin_cap"):
+        resolve_options("fedtgp", {"margin_cap": -1})
+    with pytest.raises(ConfigError, match="server_batch"):
+        resolve_options("fedgh", {"server_batch": 0})
+
+
+# ---- FedGH -------------------------------------------------------------------------------
+
+
+def test_fedgh_global_head_learns_the_prototypes_and_replaces_client_heads(tiny_data):
+    run = _start(tiny_config(algorithm="fedgh", rounds=4, local_epochs=2), tiny_data)
+    algo = run.algorithm
+    accs = []
+    for t in range(3):
+        row = _round(run, t)
+        assert row["server_loss_after"] < row["server_loss_before"]
+        assert row["proto_acc_after"] >= row["proto_acc_before"]
+        accs.append(row["proto_acc_after"])
+        for client in run.clients:
+            assert torch.equal(client.model.head.weight, algo.head.weight)
+            assert torch.equal(client.model.head.bias, algo.head.bias)
+    assert accs[-1] > accs[0] and accs[-1] > 0.5  # chance on the prototypes is 0.1
+
+
+# ---- all three ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", METHODS)
+def test_learns_and_counts_bytes(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    history = record["history"]
+    assert history[0]["acc"] < 0.35
+    assert record["summary"]["best_acc"] > 0.6
+    d, c = record["feature_dim"], 10
+    held = (np.array(record["partition"]["train_class_counts"]) > 0).sum(axis=1)
+    head = c * d * 4 + c * 4  # fp32 weight + bias
+    up, down = {
+        "fedtgp": (np.mean(held * d * 4 + c), c * d * 4),  # held rows + bool mask; (C, d)
+        "alignfed": (head + 8, head),  # head + int64 sample count; averaged head
+        "fedgh": (np.mean(held * d * 4 + c), head),  # held rows + bool mask; global head
+    }[algorithm]
+    for row in history[:-1]:
+        assert row["bytes_up_per_client"] == pytest.approx(up)
+        assert row["bytes_down_per_client"] == down
+    if algorithm == "fedtgp":
+        assert all(r["server_loss_last"] < r["server_loss_first"] for r in history[:-1])
+        assert all(0 < r["margin"] <= 100 for r in history[:-1])
+    artifacts = RunStore(tmp_path).load_artifacts(record["key"])
+    assert artifacts["global_prototypes"].shape == (c, d)
+    if algorithm == "fedgh":
+        assert artifacts["global_head"].shape == (c, d)
+
+
+@pytest.mark.parametrize("algorithm", METHODS)
+def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=3)
+    whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
+    part = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2
+    )
+    assert part["interrupted_after_round"] == 1
+    resumed = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
+    )
+    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+    a = RunStore(tmp_path / "whole").load_artifacts(whole["key"])
+    b = RunStore(tmp_path / "cut").load_artifacts(resumed["key"])
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)

@@ -1,0 +1,241 @@
+"""FML, FedKD and FedMRL: the three baselines built on a small shared (homogeneous) model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_config
+
+from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_factors
+from fedtsp.algorithms.shared_model import shared_weights
+from fedtsp.config import ConfigError
+from fedtsp.results import RunStore
+from fedtsp.simulation import message_nbytes, prepare, run_experiment
+
+METHODS = ["fml", "fedkd", "fedmrl"]
+
+
+def _strip_times(history: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
+
+
+def _one_round(run, epochs: int = 1):
+    """Train every client, upload, aggregate and broadcast once, as the simulator does."""
+    algo, cfg = run.algorithm, run.config
+    for client in run.clients:
+        generator = torch.Generator().manual_seed(100 + client.index)
+        client.train(algo.train_loss, epochs, cfg.batch_size, generator)
+    uploads = [algo.upload(c) for c in run.clients]
+    broadcast = algo.server_step(uploads, 0)
+    return uploads, broadcast
+
+
+def _states_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _weighted_mean(states: list[dict], counts: list[int]) -> dict:
+    total = sum(counts)
+    return {
+        k: sum(s[k] * (n / total) for s, n in zip(states, counts, strict=True)) for k in states[0]
+    }
+
+
+# ---- FML ----------------------------------------------------------------------------------
+def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
+    run = prepare(tiny_config(algorithm="fml", rounds=1), dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    assert all(
+        _states_equal(shared_weights(c.state["shared"]), shared_weights(clients[0].state["shared"]))
+        for c in clients
+    )
+    assert clients[0].state["shared"].arch == clients[0].model.arch == "fedavgcnn_s"  # "first"
+
+    # The loss is alpha*CE + (1-alpha)*KL(meme||personal) + beta*CE' + (1-beta)*KL(personal||meme).
+    x, y = clients[0].train_x[:20], clients[0].train_y[:20]
+    with torch.no_grad():
+        p, m = clients[0].model(x), clients[0].state["shared"](x)
+        kl_pm = (F.softmax(m, 1) * (F.log_softmax(m, 1) - F.log_softmax(p, 1))).sum(1).mean()
+        kl_mp = (F.softmax(p, 1) * (F.log_softmax(p, 1) - F.log_softmax(m, 1))).sum(1).mean()
+        want = 0.5 * (F.cross_entropy(p, y) + kl_pm + F.cross_entropy(m, y) + kl_mp)
+        got = algo.train_loss(clients[0], x, y)
+    assert float(kl_pm) > 1e-4 and float(got) == pytest.approx(float(want), rel=1e-5)
+
+    uploads, broadcast = _one_round(run)
+    states = [{k: v for k, v in u.items() if k != "num_samples"} for u in uploads]
+    assert not _states_equal(states[0], states[1])  # local training moved the copies apart
+    counts = [c.num_train for c in clients]
+    assert [int(u["num_samples"]) for u in uploads] == counts and len(set(counts)) > 1
+    expected = _weighted_mean(states, counts)
+    uniform = _weighted_mean(states, [1] * len(counts))
+    key = "features.backbone.7.weight"  # the FC layer
+    assert not torch.allclose(expected[key], uniform[key], atol=1e-6)  # weighting matters here
+    for client in clients:
+        algo.receive(client, broadcast)
+    for client in clients:
+        got = shared_weights(client.state["shared"])
+        assert _states_equal(got, shared_weights(clients[0].state["shared"]))
+        for k in expected:
+            torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-7)
+
+
+# ---- FedKD --------------------------------------------------------------------------------
+def test_fedkd_svd_keeps_the_energy_and_saves_bytes():
+    gen = torch.Generator().manual_seed(0)
+    low = torch.randn(64, 3, generator=gen) @ torch.randn(3, 200, generator=gen)
+    noisy = low + 0.05 * torch.randn(64, 200, generator=gen)  # low-rank-ish update
+    full = torch.randn(64, 200, generator=gen)  # no low-rank structure
+    conv = torch.randn(32, 16, 3, 3, generator=gen)
+    bias = torch.randn(64, generator=gen)
+    for energy in (0.5, 0.9, 0.95, 0.99):
+        for matrix in (noisy, full):
+            u, s, v = low_rank_factors(matrix, energy)
+            error = ((u * s) @ v - matrix).square().sum() / matrix.square().sum()
+            assert float(error) <= 1 - energy + 1e-5
+            if s.numel() > 1:  # the smallest such rank: one fewer does not hold the energy
+                shorter = (u[:, :-1] * s[:-1]) @ v[:-1]
+                assert float((shorter - matrix).square().sum() / matrix.square().sum()) > 1 - energy
+    assert low_rank_factors(noisy, 0.95)[1].numel() <= 3
+    assert low_rank_factors(torch.zeros(5, 7), 0.95)[1].numel() == 0
+
+    update = {"w": noisy, "full": full, "conv": conv, "b": bias}
+    message = encode_update(update, 0.95)
+    assert {"w::U", "w::S", "w::V", "b"} <= set(message) and "w" not in message
+    rebuilt = decode_update(message, {k: v.shape for k, v in update.items()})
+    for name in update:
+        error = (rebuilt[name] - update[name]).square().sum() / update[name].square().sum()
+        assert float(error) <= 0.05 + 1e-5 and rebuilt[name].shape == update[name].shape
+    torch.testing.assert_close(rebuilt["b"], bias)  # 1-D tensors travel dense
+    packed = message_nbytes({k: v for k, v in message.items() if k.startswith("w")})
+    assert packed < noisy.numel() * 4 / 10  # rank 3 of 64x200: (64 + 200 + 1) * 3 floats
+    assert message_nbytes(message) < message_nbytes(update)
+    # Dense fallback where the factors would not be smaller (full-rank 64x200 at 0.99).
+    assert "full" in encode_update({"full": full}, 0.99)
+
+
+def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
+    config = tiny_config(algorithm="fedkd", rounds=1, lr=0.05)
+    run = prepare(config, dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    assert [g["lr"] for g in clients[0].optimizer.param_groups] == [0.05, 0.01]  # mentee_lr
+    before = shared_weights(clients[0].state["shared"])
+    uploads, broadcast = _one_round(run)
+    dense = algo.dense_bytes
+    assert all(message_nbytes(u) - 8 < dense / 4 for u in uploads)  # SVD factors, not weights
+    assert message_nbytes(broadcast) < dense / 4
+    for client in clients:
+        algo.receive(client, broadcast)
+    update = decode_update(broadcast, algo.shapes)
+    for client in clients:
+        got = shared_weights(client.state["shared"])
+        assert _states_equal(got, shared_weights(clients[0].state["shared"]))
+        for k in got:
+            torch.testing.assert_close(got[k], before[k] + update[k])
+    assert algo.round_metrics()["upload_ratio"] < 0.25
+    assert not torch.equal(
+        clients[0].state["hidden_proj"].weight, clients[1].state["hidden_proj"].weight
+    )
+
+
+# ---- FedMRL -------------------------------------------------------------------------------
+def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
+    run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    shared = clients[0].state["shared"]
+    assert shared.head.in_features == 128 and shared.features(clients[0].train_x[:2]).shape == (
+        2,
+        128,
+    )
+    assert clients[0].state["proj"].in_features == 128 + 512
+    personal_before = [
+        {k: v.clone() for k, v in c.state["proj"].state_dict().items()} for c in clients
+    ]
+    uploads, broadcast = _one_round(run)
+    assert set(broadcast) == set(shared_weights(shared))  # only the shared model travels
+    states = [{k: v for k, v in u.items() if k != "num_samples"} for u in uploads]
+    expected = _weighted_mean(states, [c.num_train for c in clients])
+    for client in clients:
+        algo.receive(client, broadcast)
+    for client in clients:
+        got = shared_weights(client.state["shared"])
+        for k in expected:
+            torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-7)
+    # Personal parts: trained (changed) and different from client to client.
+    projs = [c.state["proj"].weight for c in clients]
+    assert not torch.equal(projs[0], personal_before[0]["weight"])
+    assert not torch.allclose(projs[0], projs[1])
+    assert not torch.allclose(clients[0].model.head.weight, clients[1].model.head.weight)
+    # Evaluation: the personal head on the full fused representation.
+    client = clients[2]
+    x = client.test_x[:8]
+    with torch.no_grad():
+        fused = client.state["proj"](
+            torch.cat([client.state["shared"].features(x), client.model.features(x)], 1)
+        )
+        torch.testing.assert_close(algo.predict(client, x), client.model.head(fused))
+
+
+# ---- all three ----------------------------------------------------------------------------
+@pytest.mark.parametrize("algorithm", METHODS)
+def test_learns_well_above_chance(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    history = record["history"]
+    assert history[0]["acc"] < 0.35
+    assert record["summary"]["best_acc"] > 0.6
+    assert history[-2]["train_loss"] < history[0]["train_loss"]
+    artifacts = RunStore(tmp_path).load_artifacts(record["key"])
+    if algorithm == "fedmrl":
+        assert artifacts == {}
+    else:
+        assert artifacts["global_prototypes"].shape == (10, 512)
+
+
+@pytest.mark.parametrize("algorithm", METHODS)
+def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
+    config = tiny_config(algorithm=algorithm, rounds=3)
+    whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
+    part = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2
+    )
+    assert part["interrupted_after_round"] == 1
+    resumed = run_experiment(
+        config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
+    )
+    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+
+
+def test_communication_is_the_shared_model(tiny_data):
+    for algorithm in ("fml", "fedmrl"):
+        run = prepare(tiny_config(algorithm=algorithm, rounds=1), dataset=tiny_data)
+        n = sum(t.numel() for t in shared_weights(run.clients[0].state["shared"]).values())
+        uploads, broadcast = _one_round(run)
+        assert message_nbytes(uploads[0]) == 4 * n + 8  # fp32 weights + int64 train size
+        assert message_nbytes(broadcast) == 4 * n
+    uniform = prepare(
+        tiny_config(algorithm="fml", algo_options={"weighting": "uniform"}), dataset=tiny_data
+    )
+    assert "num_samples" not in uniform.algorithm.upload(uniform.clients[0])
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "options", "match"),
+    [
+        ("fml", {"personal_alpha": 1.5}, "personal_alpha=1.5 is invalid"),
+        ("fml", {"kl_reduction": "sum"}, "kl_reduction='sum' is invalid"),
+        ("fedkd", {"energy_start": 0.0}, r"energy_start=0.0 is invalid; must be in \(0, 1\]"),
+        ("fedkd", {"mentee_lr": -1}, "mentee_lr=-1.0 is invalid"),
+        ("fedmrl", {"sub_dim": 0}, "sub_dim=0 is invalid"),
+        ("fedmrl", {"shared_arch": "vgg"}, "shared_arch='vgg' is invalid"),
+    ],
+)
+def test_bad_options_fail_with_one_sentence(algorithm, options, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(algorithm=algorithm, algo_options=options).validate()
+
+
+def test_fedmrl_sub_dim_wider_than_features_is_rejected(tiny_data):
+    config = tiny_config(algorithm="fedmrl", feature_dim=64, algo_options={"sub_dim": 128})
+    with pytest.raises(ValueError, match="sub_dim=128 is invalid"):
+        prepare(config, dataset=tiny_data)
