@@ -69,7 +69,10 @@ def summary_table(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
             }
         )
 
-    return frame.groupby(group, sort=False).apply(agg, include_groups=False).reset_index()
+    table = frame.groupby(group, sort=False).apply(agg, include_groups=False)
+    # Best method first, by mean best-round accuracy.
+    order = frame.groupby(group, sort=False)["best_acc"].mean().sort_values(ascending=False)
+    return table.loc[order.index].reset_index()
 
 
 def to_markdown(table: pd.DataFrame) -> str:
