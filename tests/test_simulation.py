@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from fedtsp.algorithms import algorithm_names
 from fedtsp.clients import NonFiniteLossError
 from fedtsp.results import RunStore
 from fedtsp.simulation import prepare, run_experiment
@@ -61,7 +62,7 @@ def test_same_seed_same_history_other_seed_differs(tmp_path, tiny_data):
     assert _strip_times(c["history"]) != _strip_times(a["history"])
 
 
-@pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])
+@pytest.mark.parametrize("algorithm", algorithm_names())
 def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
     config = tiny_config(algorithm=algorithm, rounds=3)
     whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
