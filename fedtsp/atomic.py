@@ -26,3 +26,8 @@ def atomic_save(path: Path, writer: Callable[[IO[bytes]], Any]) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_save(path, lambda handle: handle.write(data))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write UTF-8 text atomically (a reader never sees half a file)."""
+    atomic_write_bytes(Path(path), text.encode("utf-8"))

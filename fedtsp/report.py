@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fedtsp.results import RunStore
+from fedtsp.tables import to_markdown
 
 
 def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -73,16 +74,6 @@ def summary_table(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
     # Best method first, by mean best-round accuracy.
     order = frame.groupby(group, sort=False)["best_acc"].mean().sort_values(ascending=False)
     return table.loc[order.index].reset_index()
-
-
-def to_markdown(table: pd.DataFrame) -> str:
-    """A GitHub-flavoured Markdown table (no extra dependency)."""
-    cols = [str(c) for c in table.columns]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += [
-        "| " + " | ".join(str(v) for v in row) + " |" for row in table.itertuples(index=False)
-    ]
-    return "\n".join(lines)
 
 
 def provenance(frame: pd.DataFrame) -> str:

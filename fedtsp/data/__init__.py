@@ -24,6 +24,7 @@ from fedtsp.data.partition import (
     split_clients,
     stratified_subsample,
 )
+from fedtsp.data.synthetic import synthetic_dataset
 
 __all__ = [
     "DATASETS",
@@ -48,4 +49,5 @@ __all__ = [
     "semantic_groups",
     "split_clients",
     "stratified_subsample",
+    "synthetic_dataset",
 ]

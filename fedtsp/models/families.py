@@ -346,6 +346,10 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     # CPU-scale: four different depths/widths/block types (2 conv + FC; 3 conv-BN; the paper's
     # ResNet-4; a narrow ResNet-10), each training at thousands of images/s on 2 cores.
     "htfe-cpu": ("fedavgcnn_s", "cnn3_s", "resnet4", "resnet10_s"),
+    # CPU-scale counterparts of HtFE2 (a plain CNN and a ResNet) and HtFE3 (three ResNet
+    # depths), for the model-heterogeneity comparison at the "cpu" profile.
+    "htfe2-cpu": ("fedavgcnn_s", "resnet10_s"),
+    "htfe3-cpu": ("resnet4", "resnet6", "resnet10_s"),
 }
 
 # Extra spellings (matched case-insensitively): the authors' HtFLlib names and short forms.

@@ -1,0 +1,201 @@
+"""Run many experiments at once: data sources, run specs, and a (parallel) runner over the store.
+
+The notebooks and the batch runner describe what they need as `RunSpec`s (labels for the
+tables + a `RunConfig`); `run_all` serves each one from the run store or runs it, in
+`workers` processes with one intra-op thread each (on a small CPU, two single-threaded
+runs side by side are much faster than one run with two threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from fedtsp.algorithms import resolve_options
+from fedtsp.config import ConfigError, RunConfig
+from fedtsp.data import DatasetNotFoundError, ImageDataset, load_dataset, synthetic_dataset
+from fedtsp.profiles import REPO_ROOT, method_specs
+from fedtsp.results import RunStore
+from fedtsp.simulation import run_experiment, run_key
+
+log = logging.getLogger(__name__)
+
+
+class RunsFailed(RuntimeError):
+    """Some runs of a batch failed; the others finished and are in the store."""
+
+
+def resolve_data(data: str | None) -> str | None:
+    """A profile's `data` value as given to `load_dataset` ("synthetic" stays as is).
+
+    "auto": $FEDTSP_DATA, else `../shared/data` beside the repository if it exists, else
+    None (the cache, then a torchvision download).
+    """
+    if data in (None, "", "auto"):
+        env = os.environ.get("FEDTSP_DATA")
+        if env:
+            return env
+        shared = REPO_ROOT.parent / "shared" / "data"
+        return str(shared) if shared.is_dir() else None
+    return data
+
+
+class DataSource:
+    """Loads each dataset once, from a profile's `data` value."""
+
+    def __init__(self, data: str | None = "auto", synthetic_per_class: int = 12) -> None:
+        self.data = resolve_data(data)
+        self.synthetic_per_class = synthetic_per_class
+        self._loaded: dict[str, ImageDataset] = {}
+
+    @property
+    def synthetic(self) -> bool:
+        return self.data == "synthetic"
+
+    def get(self, name: str) -> ImageDataset:
+        if name not in self._loaded:
+            if self.synthetic:
+                self._loaded[name] = synthetic_dataset(name, per_class=self.synthetic_per_class)
+            else:
+                self._loaded[name] = load_dataset(name, self.data, download=False)
+        return self._loaded[name]
+
+    def missing_reason(self, name: str) -> str | None:
+        """None if `name` loads; otherwise one sentence saying why it is skipped."""
+        try:
+            self.get(name)
+        except DatasetNotFoundError as exc:
+            return f"{name} skipped: no offline copy here ({exc})"
+        return None
+
+    def split(self, names: list[str]) -> tuple[list[str], list[str]]:
+        """(datasets that load, skip notes for the others)."""
+        reasons = {name: self.missing_reason(name) for name in names}
+        return [n for n, r in reasons.items() if r is None], [r for r in reasons.values() if r]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run, with the labels a table or figure files it under."""
+
+    config: RunConfig
+    labels: dict[str, Any] = field(default_factory=dict)
+
+
+def method_config(base: dict[str, Any], method: str, **fields: Any) -> RunConfig:
+    """The RunConfig of method label `method` (see [methods] in profiles.toml) on `base`."""
+    specs = method_specs()
+    if method not in specs:
+        raise ConfigError(f"unknown method label {method!r}; defined: {', '.join(specs)}")
+    spec = dict(specs[method])
+    algorithm = spec.pop("algorithm")
+    options = {**spec, **fields.pop("algo_options", {})}
+    # Options left at their defaults are dropped, so that the same run spelt two ways (e.g.
+    # "trainable_prompts": True given or not) has one key and is run once.
+    defaults = vars(resolve_options(algorithm, {}))
+    options = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
+    config = RunConfig.from_dict({**base, **fields, "algorithm": algorithm, "algo_options": options})
+    return config.validate()
+
+
+def _run_one(config: RunConfig, data: str | None, per_class: int, store: str) -> dict[str, Any]:
+    source = DataSource(data, per_class)
+    return run_experiment(
+        config, dataset=source.get(config.dataset), out=store, resume=True, progress=False
+    )
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def run_all(
+    specs: list[RunSpec],
+    source: DataSource,
+    store: str | Path,
+    workers: int = 1,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """The record of every spec, in order: from the store, else run now (interrupted runs resume).
+
+    Failed runs are reported together at the end (`RunsFailed`) after the others finished.
+    """
+    if workers < 1:
+        raise ConfigError(f"workers={workers} is invalid; must be >= 1")
+    run_store = RunStore(store)
+    keys = [run_key(s.config, source.get(s.config.dataset)) for s in specs]
+    todo: dict[str, RunConfig] = {}
+    for key, spec in zip(keys, specs, strict=True):
+        if run_store.load(key) is None:
+            todo.setdefault(key, spec.config)
+    errors: dict[str, str] = {}
+    if todo:
+        bar = tqdm(total=len(todo), disable=not progress, desc="runs", unit="run")
+        bar.write(f"{len(set(keys)) - len(todo)} runs from the store, {len(todo)} to run")
+        if workers == 1:
+            for key, config in todo.items():
+                try:
+                    _run_one(config, source.data, source.synthetic_per_class, str(store))
+                except Exception as exc:  # keep going: one bad run must not stop the batch
+                    errors[key] = f"{config.algorithm} on {config.dataset}: {exc}"
+                bar.update(1)
+        else:
+            ctx = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init) as pool:
+                futures = {
+                    pool.submit(
+                        _run_one, config, source.data, source.synthetic_per_class, str(store)
+                    ): (key, config)
+                    for key, config in todo.items()
+                }
+                for future in as_completed(futures):
+                    key, config = futures[future]
+                    try:
+                        future.result()
+                    except Exception as exc:
+                        errors[key] = f"{config.algorithm} on {config.dataset}: {exc}"
+                    bar.update(1)
+        bar.close()
+    if errors:
+        lines = "\n".join(f"  {k}: {v}" for k, v in errors.items())
+        raise RunsFailed(f"{len(errors)} of {len(todo)} runs failed:\n{lines}")
+    return [run_store.load(key) for key in keys]
+
+
+def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFrame:
+    """One row per run: its labels, seed, key and summary numbers (accuracies in %)."""
+    rows = []
+    for spec, rec in zip(specs, records, strict=True):
+        summary = rec["summary"]
+        last = rec["history"][-1]
+        trained = [r for r in rec["history"] if "bytes_up_per_client" in r]
+        rows.append(
+            {
+                **spec.labels,
+                "seed": rec["config"]["seed"],
+                "key": rec["key"],
+                "best_acc": 100 * summary["best_acc"],
+                "last5_acc": 100 * summary["last5_mean_acc"],
+                "best_top5": 100 * summary["best_top5"],
+                "global_acc": 100 * last["global_acc"] if "global_acc" in last else float("nan"),
+                "wall_s": rec["timings"]["rounds_wall"],
+                "kib_per_round": (
+                    sum(r["bytes_up_per_client"] + r["bytes_down_per_client"] for r in trained)
+                    / max(len(trained), 1)
+                    / 1024
+                ),
+                "git_commit": (rec.get("git_commit") or "unknown")[:10],
+                "data_source": rec["dataset"]["source"],
+            }
+        )
+    return pd.DataFrame(rows)

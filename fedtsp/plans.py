@@ -1,0 +1,154 @@
+"""The runs behind each notebook, from the notebook's parameters.
+
+One function per notebook turns its parameters (as injected from `profiles.toml`) into
+`RunSpec`s. The notebook calls it to fetch its records; the batch runner calls the same
+function beforehand to run every missing experiment of a reproduction in parallel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fedtsp.experiments import DataSource, RunSpec, method_config
+
+
+def _grid(
+    params: dict[str, Any],
+    datasets: list[str],
+    alphas: list[float],
+    methods: list[str],
+    seeds: list[int],
+    **fields: Any,
+) -> list[RunSpec]:
+    specs = []
+    for dataset in datasets:
+        for alpha in alphas:
+            for method in methods:
+                for seed in seeds:
+                    config = method_config(
+                        params["base"], method, dataset=dataset, alpha=alpha, seed=seed, **fields
+                    )
+                    labels = {"dataset": dataset, "alpha": alpha, "method": method}
+                    specs.append(RunSpec(config, labels | {"family": config.family}))
+    return specs
+
+
+def main_table(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Table 1 (methods x datasets x alphas) and Appendix D (methods x families)."""
+    datasets, _ = source.split(params["datasets"])
+    specs = _grid(params, datasets, params["alphas"], params["methods"], params["seeds"])
+    if params.get("hetero_families") and params["hetero_dataset"] in datasets:
+        for family in params["hetero_families"]:
+            specs += _grid(
+                params,
+                [params["hetero_dataset"]],
+                [params["hetero_alpha"]],
+                params["hetero_methods"],
+                params["hetero_seeds"],
+                family=family,
+            )
+    return specs
+
+
+def prototype_semantics(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Fig. 1: the runs whose global prototypes are compared (shared with Table 1)."""
+    datasets, _ = source.split(params["datasets"])
+    return _grid(params, datasets, [params["alpha"]], params["methods"], params["seeds"])
+
+
+# Table 2's rows: (label, prompts, trainable prompts); row 1 is plain local training.
+ABLATION_ROWS = (
+    ("(2) + text prototypes, handcrafted prompt", "manual", False),
+    ("(3) + LLM descriptions", "long", False),
+    ("(4) handcrafted + trainable prompts", "manual", True),
+    ("(5) LLM descriptions + trainable prompts (FedTSP)", "long", True),
+)
+LOCAL_ROW = "(1) local only"
+
+
+def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Table 2 (rows x text encoders) and Fig. 5 left (prompt variants x datasets)."""
+    dataset, alpha, seeds = params["dataset"], params["alpha"], params["seeds"]
+    specs = []
+    if dataset in source.split([dataset])[0]:
+        for seed in seeds:
+            config = method_config(params["base"], "Local", dataset=dataset, alpha=alpha, seed=seed)
+            for encoder in params["text_encoders"]:
+                labels = {"part": "table2", "row": LOCAL_ROW, "text_encoder": encoder}
+                specs.append(RunSpec(config, labels | {"dataset": dataset}))
+        for encoder in params["text_encoders"]:
+            for row, prompts, trainable in ABLATION_ROWS:
+                for seed in seeds:
+                    options = {
+                        "text_encoder": encoder,
+                        "prompts": prompts,
+                        "trainable_prompts": trainable,
+                    }
+                    config = method_config(
+                        params["base"],
+                        "FedTSP-MiniLM",
+                        dataset=dataset,
+                        alpha=alpha,
+                        seed=seed,
+                        algo_options=options,
+                    )
+                    labels = {"part": "table2", "row": row, "text_encoder": encoder}
+                    specs.append(RunSpec(config, labels | {"dataset": dataset}))
+    datasets, _ = source.split(params["prompt_datasets"])
+    for ds in datasets:
+        for variant in params["prompt_variants"]:
+            for seed in seeds:
+                config = method_config(
+                    params["base"],
+                    "FedTSP-MiniLM",
+                    dataset=ds,
+                    alpha=alpha,
+                    seed=seed,
+                    algo_options={"prompts": variant},
+                )
+                labels = {"part": "fig5", "dataset": ds, "prompts": variant}
+                specs.append(RunSpec(config, labels))
+    return specs
+
+
+def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Fig. 5 right: FedTSP once per description set (committed variant name or file path)."""
+    datasets, _ = source.split(params["datasets"])
+    specs = []
+    for ds in datasets:
+        for desc in params["description_sets"]:
+            options = (
+                {"prompts": desc}
+                if desc in ("short", "long")
+                else {"prompts": "long", "description_set": desc}
+            )
+            for seed in params["seeds"]:
+                config = method_config(
+                    params["base"],
+                    "FedTSP-MiniLM",
+                    dataset=ds,
+                    alpha=params["alpha"],
+                    seed=seed,
+                    algo_options=options,
+                )
+                specs.append(RunSpec(config, {"dataset": ds, "description_set": desc}))
+    return specs
+
+
+def no_runs(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    return []
+
+
+PLANS: dict[str, Callable[[dict[str, Any], DataSource], list[RunSpec]]] = {
+    "01_descriptions": no_runs,
+    "02_prototype_semantics": prototype_semantics,
+    "03_main_table": main_table,
+    "04_ablations": ablations,
+    "05_llm_robustness": llm_robustness,
+}
+
+
+def notebook_plan(notebook: str, params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """The runs notebook `notebook` needs with parameters `params` (empty if it needs none)."""
+    return PLANS.get(notebook, no_runs)(params, source)

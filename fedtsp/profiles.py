@@ -1,0 +1,111 @@
+"""Reproduction profiles (smoke / cpu / paper) read from the versioned `profiles.toml`.
+
+A profile fixes the scale of every notebook: where the data comes from, the seeds, the
+RunConfig fields shared by all runs (`base`) and each notebook's own parameters. The
+batch runner injects `notebook_parameters(profile, notebook)` into the notebook's
+"parameters" cell; the notebook itself never reads this file.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedtsp.config import ConfigError, RunConfig
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PROFILES_FILE = Path(__file__).with_name("profiles.toml")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    about: str
+    data: str
+    seeds: list[int]
+    workers: int
+    base: dict[str, Any]
+    notebooks: dict[str, dict[str, Any]]
+    synthetic_per_class: int = 12
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _read(path: Path = PROFILES_FILE) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def method_specs(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:
+    """Method label -> {"algorithm": name, **options}, shared by every profile."""
+    return {label: dict(spec) for label, spec in _read(path)["methods"].items()}
+
+
+def profile_names(path: Path = PROFILES_FILE) -> list[str]:
+    return [name for name in _read(path) if name != "methods"]
+
+
+def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
+    """The profile `name`, checked: its base config validates and its methods exist."""
+    raw = _read(path)
+    names = [n for n in raw if n != "methods"]
+    if name not in names:
+        raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(names)}")
+    section = dict(raw[name])
+    try:
+        base = section.pop("base", {})
+        RunConfig.from_dict(base).validate()
+        profile = Profile(
+            name=name,
+            about=" ".join(str(section.pop("about")).split()),
+            data=str(section.pop("data")),
+            seeds=[int(s) for s in section.pop("seeds")],
+            workers=int(section.pop("workers", 1)),
+            base=base,
+            notebooks=section.pop("notebooks", {}),
+            synthetic_per_class=int(section.pop("synthetic_per_class", 12)),
+            extra=section,
+        )
+    except KeyError as exc:
+        raise ConfigError(f"profile {name!r} in {path} lacks the field {exc.args[0]!r}") from None
+    known = method_specs(path)
+    for notebook, params in profile.notebooks.items():
+        for key in ("methods", "hetero_methods"):
+            unknown = [m for m in params.get(key, []) if m not in known]
+            if unknown:
+                raise ConfigError(
+                    f"profile {name!r}, notebook {notebook}: unknown method label(s) "
+                    f"{', '.join(unknown)}; defined in [methods]: {', '.join(known)}"
+                )
+    return profile
+
+
+def notebook_parameters(
+    profile: str | Profile, notebook: str, results_root: str | Path = "results"
+) -> dict[str, Any]:
+    """Everything papermill injects into `notebook` at `profile` (JSON-serialisable).
+
+    Run records go to `<results_root>/<profile>/runs`, tables and figures next to them.
+    """
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    if notebook not in prof.notebooks:
+        raise ConfigError(
+            f"profile {prof.name!r} has no parameters for notebook {notebook!r}; "
+            f"it defines: {', '.join(prof.notebooks)}"
+        )
+    return {
+        "profile": prof.name,
+        "data": prof.data,
+        "synthetic_per_class": prof.synthetic_per_class,
+        "seeds": list(prof.seeds),
+        "base": dict(prof.base),
+        "store": str(Path(results_root).resolve() / prof.name / "runs"),
+        "results_dir": str(Path(results_root).resolve() / prof.name),
+        **prof.notebooks[notebook],
+    }
