@@ -94,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_args(run, defaults)
     group = run.add_argument_group("training")
+    group.add_argument(
+        "--setting",
+        default=defaults.setting,
+        help="htfl (heterogeneous models), gfl or pfl (one architecture, e.g. --family homo-cpu)",
+    )
     group.add_argument("--family", default=defaults.family, help="model family (see below)")
     group.add_argument("--algorithm", default=defaults.algorithm, help="method (see below)")
     group.add_argument("--rounds", type=int, default=defaults.rounds)
@@ -128,6 +133,29 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--force", action="store_true", help="rerun even if the store has this run")
     group.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     group.add_argument("--json", action="store_true", help="print the summary as JSON")
+    group = run.add_argument_group("engine (Flower needs: pip install 'fedtsp[flower]')")
+    group.add_argument(
+        "--engine",
+        choices=("simulator", "flower-sim", "flower-processes"),
+        default="simulator",
+        help="simulator (in-process, default), flower-sim (Flower's Ray simulation engine) or "
+        "flower-processes (a SuperLink and one SuperNode process per client on 127.0.0.1)",
+    )
+    group.add_argument(
+        "--on-client-failure",
+        choices=("stop", "continue"),
+        default="stop",
+        help="Flower engines: stop the run when a client fails, or continue without it",
+    )
+    group.add_argument(
+        "--round-timeout",
+        type=float,
+        default=3600.0,
+        help="Flower engines: seconds to wait for a round's replies before a client counts as failed",
+    )
+    group.add_argument(
+        "--workdir", default=None, help="Flower engines: work folder (default: OUT/flower-work)"
+    )
     group = run.add_argument_group("algorithm options (only those of the chosen --algorithm apply)")
     for name, owners in _option_flags().items():
         text = "; ".join(f"{algo}: {t} (default {d})" for algo, d, t in owners)
@@ -144,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     from fedtsp.describe import add_describe_parser
 
     add_describe_parser(sub)
+
+    rep = sub.add_parser(
+        "reproduce", help="execute the numbered notebooks with papermill at a profile"
+    )
+    rep.add_argument("--profile", default="cpu", help="smoke, cpu or paper (fedtsp/profiles.toml)")
+    rep.add_argument("--only", nargs="+", metavar="NN", help="notebook prefixes, e.g. 02 03")
+    rep.add_argument("--workers", type=int, help="parallel runs (default: the profile's)")
+    rep.add_argument("--results", default="results", help="results root (default: results)")
+    rep.add_argument("--papermill-dir", default="papermill_runs", help="executed notebooks root")
+    rep.add_argument("--no-progress", dest="progress", action="store_false")
 
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
     _add_data_args(part, defaults)
@@ -185,6 +223,26 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     _check_data_path(args.data)
+    if args.engine != "simulator":
+        from fedtsp.flower.launch import FLOWER_MISSING, run_flower
+
+        try:
+            import flwr  # noqa: F401
+        except ImportError:
+            raise CliError(FLOWER_MISSING) from None
+        if args.resume:
+            raise CliError("--resume works with --engine simulator only")
+        record = run_flower(
+            config,
+            engine=args.engine,
+            data=args.data,
+            out=args.out,
+            workdir=args.workdir,
+            force=args.force,
+            on_failure=args.on_client_failure,
+            round_timeout=args.round_timeout,
+        )
+        return _print_run_summary(args, config, record)
     record = run_experiment(
         config,
         data=args.data,
@@ -194,8 +252,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         checkpoint_every=args.checkpoint_every,
     )
+    return _print_run_summary(args, config, record)
+
+
+def _print_run_summary(args: argparse.Namespace, config: RunConfig, record: dict) -> int:
     summary = {"key": record["key"], **record["summary"], "cache_hit": record["cache_hit"]}
-    summary["record"] = str(Path(args.out) / f"{record['key']}.json")
+    # A Flower run that lost clients is kept beside the store, not in it.
+    folder = Path(args.out) / ("incomplete" if record.get("failures") else "")
+    summary["record"] = str(folder / f"{record['key']}.json")
     if args.json:
         print(json.dumps(summary, indent=1))
     else:
@@ -228,22 +292,41 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedtsp.reproduce import reproduce
+
+    return reproduce(
+        args.profile,
+        only=args.only,
+        results_root=args.results,
+        papermill_root=args.papermill_dir,
+        workers=args.workers,
+        progress=args.progress,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from fedtsp.clients import NonFiniteLossError
     from fedtsp.data import DatasetNotFoundError, PartitionError
+    from fedtsp.flower.core import ClientFailureError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
     from fedtsp.describe import run_describe
 
-    handlers = {"run": _cmd_run, "partition": _cmd_partition, "describe": run_describe}
+    handlers = {
+        "run": _cmd_run,
+        "partition": _cmd_partition,
+        "describe": run_describe,
+        "reproduce": _cmd_reproduce,
+    }
     try:
         return handlers[args.command](args)
     except (CliError, ConfigError, DatasetNotFoundError, PartitionError, FileExistsError) as exc:
         print(f"fedtsp: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except NonFiniteLossError as exc:
+    except (NonFiniteLossError, ClientFailureError) as exc:
         print(f"fedtsp: error: {exc}", file=sys.stderr)
         return EXIT_RUN_FAILED
     except KeyboardInterrupt:

@@ -14,6 +14,13 @@ from typing import Any
 
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
+# htfl: heterogeneous client models (Table 1); gfl / pfl: one architecture for every client,
+# scored by the global model on the official test set (gfl) or per client after
+# personalisation (pfl) (Table 3).
+SETTINGS = ("htfl", "gfl", "pfl")
+# Fields added after the first run records: at these defaults they stay out of the run's
+# hash, so the records made before they existed keep their keys.
+_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"setting": "htfl"}
 
 
 class ConfigError(ValueError):
@@ -30,7 +37,8 @@ class RunConfig:
     min_client_samples: int | None = None  # None: the authors' rule, scaled by `fraction`
     partition_seed: int = 1
     train_ratio: float = 0.75
-    # models
+    # federated setting (see SETTINGS) and models
+    setting: str = "htfl"
     family: str = "htfe9"
     feature_dim: int | None = None  # None: the algorithm decides (FedTSP: text-encoder width)
     # algorithm and its own options (validated against the algorithm's Options dataclass)
@@ -65,16 +73,21 @@ class RunConfig:
 
     def key(self, extra: dict[str, Any] | None = None) -> str:
         """Stable 16-hex-digit hash of the config (plus e.g. the dataset checksum)."""
-        payload = {"config": self.to_dict(), "extra": extra or {}}
+        config = {
+            k: v
+            for k, v in self.to_dict().items()
+            if k not in _HASH_NEUTRAL_DEFAULTS or v != _HASH_NEUTRAL_DEFAULTS[k]
+        }
+        payload = {"config": config, "extra": extra or {}}
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def validate(self) -> RunConfig:
         """Check every value that can be checked without loading data; raise ConfigError."""
         # Imported here so that `fedtsp.config` stays importable without torch-heavy modules.
-        from fedtsp.algorithms import algorithm_names, resolve_options
+        from fedtsp.algorithms import algorithm_names, get_algorithm, resolve_options
         from fedtsp.data import dataset_names
-        from fedtsp.models.families import resolve_family
+        from fedtsp.models.families import homogeneous_family_names, resolve_family
 
         def bad(name: str, value: Any, allowed: str) -> None:
             raise ConfigError(f"{name}={value!r} is invalid; {allowed}")
@@ -91,14 +104,31 @@ class RunConfig:
             bad("min_client_samples", self.min_client_samples, "must be >= 1 or unset")
         if not 0 < self.train_ratio < 1:
             bad("train_ratio", self.train_ratio, "must be in (0, 1)")
+        if self.setting not in SETTINGS:
+            bad("setting", self.setting, f"choose one of {', '.join(SETTINGS)}")
         try:
-            resolve_family(self.family)
+            archs = resolve_family(self.family)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.setting != "htfl" and len(set(archs)) != 1:
+            bad(
+                "family",
+                self.family,
+                f"setting {self.setting} needs one architecture for every client; choose a "
+                f"homogeneous family such as {', '.join(homogeneous_family_names())}",
+            )
         if self.feature_dim is not None and self.feature_dim < 1:
             bad("feature_dim", self.feature_dim, "must be a positive width or unset")
         if self.algorithm not in algorithm_names():
             bad("algorithm", self.algorithm, f"choose one of {', '.join(algorithm_names())}")
+        if self.setting in SETTINGS and self.setting not in get_algorithm(self.algorithm).settings:
+            fits = [a for a in algorithm_names() if self.setting in get_algorithm(a).settings]
+            bad(
+                "algorithm",
+                self.algorithm,
+                f"it runs in setting(s) {', '.join(get_algorithm(self.algorithm).settings)}, "
+                f"not {self.setting}; setting {self.setting} offers {', '.join(fits)}",
+            )
         resolve_options(self.algorithm, self.algo_options)
         for name in ("rounds", "local_epochs", "batch_size"):
             if getattr(self, name) < 1:

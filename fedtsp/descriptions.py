@@ -370,6 +370,13 @@ def description_set_path(dataset: str, variant: str) -> Path:
     return path
 
 
+def description_set_classes(dataset: str, variant: str = "long") -> list[str]:
+    """Class keys of a committed set, in file order (Tiny-ImageNet's wnids come from here
+    when no copy of the dataset is at hand)."""
+    data = json.loads(description_set_path(dataset, variant).read_text(encoding="utf-8"))
+    return [key for key in data if not key.startswith("_")]
+
+
 def load_description_set(
     dataset: str, variant: str, class_names: list[str], k: int = 3, **check: Any
 ) -> list[list[str]]:

@@ -90,19 +90,31 @@ class RunSpec:
     labels: dict[str, Any] = field(default_factory=dict)
 
 
-def method_config(base: dict[str, Any], method: str, **fields: Any) -> RunConfig:
-    """The RunConfig of method label `method` (see [methods] in profiles.toml) on `base`."""
+def method_config(
+    base: dict[str, Any],
+    method: str,
+    method_options: dict[str, dict[str, Any]] | None = None,
+    **fields: Any,
+) -> RunConfig:
+    """The RunConfig of method label `method` (see [methods] in profiles.toml) on `base`.
+
+    `method_options` (algorithm name -> options, a profile's scale-down of e.g. server
+    epochs) apply first; `algo_options` in `fields` (a notebook's own variation) last.
+    """
     specs = method_specs()
     if method not in specs:
         raise ConfigError(f"unknown method label {method!r}; defined: {', '.join(specs)}")
     spec = dict(specs[method])
     algorithm = spec.pop("algorithm")
-    options = {**spec, **fields.pop("algo_options", {})}
+    scale = (method_options or {}).get(algorithm, {})
+    options = {**spec, **scale, **fields.pop("algo_options", {})}
     # Options left at their defaults are dropped, so that the same run spelt two ways (e.g.
     # "trainable_prompts": True given or not) has one key and is run once.
     defaults = vars(resolve_options(algorithm, {}))
     options = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
-    config = RunConfig.from_dict({**base, **fields, "algorithm": algorithm, "algo_options": options})
+    config = RunConfig.from_dict(
+        {**base, **fields, "algorithm": algorithm, "algo_options": options}
+    )
     return config.validate()
 
 
@@ -187,6 +199,7 @@ def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFr
                 "best_acc": 100 * summary["best_acc"],
                 "last5_acc": 100 * summary["last5_mean_acc"],
                 "best_top5": 100 * summary["best_top5"],
+                "final_acc": 100 * summary["final_acc"],
                 "global_acc": 100 * last["global_acc"] if "global_acc" in last else float("nan"),
                 "wall_s": rec["timings"]["rounds_wall"],
                 "kib_per_round": (

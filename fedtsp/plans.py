@@ -27,7 +27,13 @@ def _grid(
             for method in methods:
                 for seed in seeds:
                     config = method_config(
-                        params["base"], method, dataset=dataset, alpha=alpha, seed=seed, **fields
+                        params["base"],
+                        method,
+                        params.get("method_options"),
+                        dataset=dataset,
+                        alpha=alpha,
+                        seed=seed,
+                        **fields,
                     )
                     labels = {"dataset": dataset, "alpha": alpha, "method": method}
                     specs.append(RunSpec(config, labels | {"family": config.family}))
@@ -73,7 +79,14 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     specs = []
     if dataset in source.split([dataset])[0]:
         for seed in seeds:
-            config = method_config(params["base"], "Local", dataset=dataset, alpha=alpha, seed=seed)
+            config = method_config(
+                params["base"],
+                "Local",
+                params.get("method_options"),
+                dataset=dataset,
+                alpha=alpha,
+                seed=seed,
+            )
             for encoder in params["text_encoders"]:
                 labels = {"part": "table2", "row": LOCAL_ROW, "text_encoder": encoder}
                 specs.append(RunSpec(config, labels | {"dataset": dataset}))
@@ -88,6 +101,7 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                     config = method_config(
                         params["base"],
                         "FedTSP-MiniLM",
+                        params.get("method_options"),
                         dataset=dataset,
                         alpha=alpha,
                         seed=seed,
@@ -102,6 +116,7 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                 config = method_config(
                     params["base"],
                     "FedTSP-MiniLM",
+                    params.get("method_options"),
                     dataset=ds,
                     alpha=alpha,
                     seed=seed,
@@ -127,6 +142,7 @@ def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                 config = method_config(
                     params["base"],
                     "FedTSP-MiniLM",
+                    params.get("method_options"),
                     dataset=ds,
                     alpha=params["alpha"],
                     seed=seed,

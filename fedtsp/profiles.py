@@ -60,7 +60,9 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
     section = dict(raw[name])
     try:
         base = section.pop("base", {})
-        RunConfig.from_dict(base).validate()
+        # Device availability is checked when a run starts, so that e.g. the GPU profile can
+        # be read (and its runs planned) on a CPU machine.
+        RunConfig.from_dict({**base, "device": "cpu"}).validate()
         profile = Profile(
             name=name,
             about=" ".join(str(section.pop("about")).split()),
@@ -101,10 +103,13 @@ def notebook_parameters(
         )
     return {
         "profile": prof.name,
+        "about": prof.about,
         "data": prof.data,
+        "workers": prof.workers,
         "synthetic_per_class": prof.synthetic_per_class,
         "seeds": list(prof.seeds),
         "base": dict(prof.base),
+        "method_options": dict(prof.extra.get("method_options", {})),
         "store": str(Path(results_root).resolve() / prof.name / "runs"),
         "results_dir": str(Path(results_root).resolve() / prof.name),
         **prof.notebooks[notebook],

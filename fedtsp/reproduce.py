@@ -80,10 +80,9 @@ def execute_notebook(
             log_output=False,
         )
     except Exception as exc:  # papermill raises PapermillExecutionError with the cell's error
-        message = str(exc).strip().splitlines()
-        return NotebookResult(
-            path.stem, False, time.perf_counter() - start, " | ".join(message[-3:])
-        )
+        last = [line for line in str(exc).strip().splitlines() if line.strip()][-1:]
+        error = (last[0] if last else type(exc).__name__)[:300]
+        return NotebookResult(path.stem, False, time.perf_counter() - start, error)
     return NotebookResult(path.stem, True, time.perf_counter() - start)
 
 

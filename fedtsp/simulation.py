@@ -146,13 +146,14 @@ def prepare(
         rounds=config.rounds,
         device=device,
         seed=config.seed,
+        setting=config.setting,
     )
     algorithm = algorithm_cls(options, ctx)
     first = algorithm.setup(clients)
     for client in clients:
         client.optimizer = torch.optim.SGD(algorithm.client_parameters(client), lr=config.lr)
     global_test = None
-    if config.global_eval_every > 0:
+    if config.global_eval_every > 0 or config.setting == "gfl":
         global_test = (
             normalize(torch.from_numpy(dataset.test_images)).to(device),
             torch.from_numpy(dataset.test_labels).long().to(device),
@@ -177,7 +178,10 @@ def _peak_memory_mb(device: torch.device) -> dict[str, float]:
 
 def _evaluate_round(run: PreparedRun, round_index: int) -> dict[str, Any]:
     algo, clients, cfg = run.algorithm, run.clients, run.config
-    results = [c.evaluate(algo.predict, c.test_x, c.test_y) for c in clients]
+    results = []
+    for c in clients:
+        algo.prepare_evaluation(c, round_index)
+        results.append(c.evaluate(algo.predict, c.test_x, c.test_y))
     total = sum(r.total for r in results)
     row: dict[str, Any] = {
         "round": round_index,
@@ -193,7 +197,33 @@ def _evaluate_round(run: PreparedRun, round_index: int) -> dict[str, Any]:
         gx, gy = run.global_test
         accs = [c.evaluate(algo.predict, gx, gy).accuracy for c in clients]
         row["global_acc"] = float(np.mean(accs))
+    if cfg.setting == "gfl" and run.global_test is not None:
+        # After every broadcast each client holds the global model; client 0's copy is it.
+        result = clients[0].evaluate(algo.predict, *run.global_test)
+        row["gfl_acc"] = result.accuracy
+        row["gfl_top5"] = result.correct_top5 / max(result.total, 1)
     return row
+
+
+def setting_summary(history: list[dict[str, Any]], setting: str) -> dict[str, Any]:
+    """The Table 3 number of a homogeneous run, under a name that says what it is.
+
+    gfl: the global model's accuracy on the balanced official test set (best round and the
+    mean of the last 5); pfl: the sample-weighted accuracy of the personalised models on the
+    clients' own test splits (for "-FT" methods after fine-tuning the head), i.e. ``acc``.
+    """
+    key = {"gfl": "gfl_acc", "pfl": "acc"}.get(setting)
+    if key is None:
+        return {}
+    values = [row[key] for row in history if row.get(key) is not None]
+    if not values:
+        return {}
+    best = int(np.argmax(values))
+    return {
+        f"best_{setting}_acc": values[best],
+        f"best_{setting}_round": [r for r in history if r.get(key) is not None][best]["round"],
+        f"last5_mean_{setting}_acc": float(np.mean(values[-5:])),
+    }
 
 
 def _train_round(run: PreparedRun, round_index: int, timings: dict[str, float]) -> dict[str, Any]:
@@ -364,7 +394,7 @@ def run_experiment(
         },
         "partition": run.partition.stats(),
         "history": history,
-        "summary": summarize_history(history),
+        "summary": summarize_history(history) | setting_summary(history, cfg.setting),
         # "wall": this process; "rounds_wall": all rounds, including those before a resume.
         "timings": totals
         | {

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from fedtsp.algorithms import algorithm_names
+from fedtsp.algorithms import algorithm_names, get_algorithm
 from fedtsp.clients import NonFiniteLossError
 from fedtsp.results import RunStore
 from fedtsp.simulation import prepare, run_experiment
@@ -62,9 +62,15 @@ def test_same_seed_same_history_other_seed_differs(tmp_path, tiny_data):
     assert _strip_times(c["history"]) != _strip_times(a["history"])
 
 
+def _native_setting(algorithm: str) -> dict:
+    """Setting (and, for the homogeneous ones, a one-architecture family) a method runs in."""
+    setting = get_algorithm(algorithm).settings[0]
+    return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}
+
+
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
-    config = tiny_config(algorithm=algorithm, rounds=3)
+    config = tiny_config(algorithm=algorithm, rounds=3, **_native_setting(algorithm))
     whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
     part = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2

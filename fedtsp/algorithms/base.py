@@ -39,6 +39,12 @@ class RunContext:
     rounds: int
     device: torch.device
     seed: int
+    setting: str = "htfl"  # htfl, gfl or pfl (RunConfig.setting)
+
+    @property
+    def homogeneous(self) -> bool:
+        """Every client has the same architecture (gfl / pfl), so whole models can be averaged."""
+        return self.setting != "htfl"
 
     @property
     def num_classes(self) -> int:
@@ -55,6 +61,8 @@ class Algorithm:
 
     name: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
+    # Settings the method is defined for (RunConfig.setting rejects the others).
+    settings: ClassVar[tuple[str, ...]] = ("htfl",)
 
     def __init__(self, options: Any, ctx: RunContext) -> None:
         self.opts = options
@@ -88,6 +96,9 @@ class Algorithm:
     ) -> Tensor | None:
         """Extra term added to the client's cross-entropy (None: nothing)."""
         return None
+
+    def prepare_evaluation(self, client: Client, round_index: int) -> None:
+        """Called before a client is evaluated (e.g. "-FT" methods fine-tune a head copy)."""
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
         """Logits used for evaluation (default: the client's own head)."""

@@ -12,6 +12,16 @@ Paper vs authors' code: the paper averages image prototypes weighted by sample c
 hold the class (``weighting="uniform"``). The authors' code writes the context vectors
 over the first token positions including the start token (``prompt_position=
 "replace_first"``); ``"after_start"`` keeps the start/[CLS] token.
+
+Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) every client
+holds the same architecture, and the whole model, head included, is averaged with FedAvg
+(sample-weighted) every round while the clients keep aligning to the text prototypes.
+
+Private description upload (Sec. 3.5, Table 4; ``fedtsp.privacy``): with ``dp_epsilon`` set,
+client ``dp_client`` uploads its prompts' token embeddings once, each sequence clipped to
+``dp_clip`` and noised for (dp_epsilon, dp_delta)-DP, and the server's prompt learner encodes
+those noisy embeddings instead of the clean ones. ``dp_noise_std`` is the authors' code
+instead: the server adds one fixed Gaussian tensor of that std, no clipping, no guarantee.
 """
 
 from __future__ import annotations
@@ -19,12 +29,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
 from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.fedavg import (
+    average_model_messages,
+    load_model_message,
+    model_message,
+    with_sample_count,
+)
 from fedtsp.clients import Client
 from fedtsp.descriptions import (
     description_set_path,
@@ -58,6 +75,15 @@ class FedTSPOptions:
     )
     server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale")
     weighting: str = option("samples", "image-prototype average: samples (paper) or uniform (code)")
+    dp_epsilon: float | None = option(
+        None, "privacy budget of the client-side DP description upload (unset: no DP)"
+    )
+    dp_delta: float = option(1e-5, "delta of the DP description upload, in (0, 1)")
+    dp_clip: float = option(2.5, "L2 clipping norm C of each uploaded token-embedding sequence")
+    dp_client: int = option(0, "index of the client that uploads the private descriptions")
+    dp_noise_std: float | None = option(
+        None, "authors' code variant: std of one fixed Gaussian tensor the server adds (no clip)"
+    )
 
     def validate(self) -> None:
         from fedtsp.models.text import text_encoder_names
@@ -88,12 +114,26 @@ class FedTSPOptions:
             )
         if self.description_set is not None:
             resolve_description_set(self.description_set)
+        from fedtsp.privacy import check_dp_parameters
+
+        check_dp_parameters(
+            1.0 if self.dp_epsilon is None else self.dp_epsilon, self.dp_delta, self.dp_clip
+        )
+        if self.dp_noise_std is not None and not self.dp_noise_std >= 0:
+            raise ValueError(f"dp_noise_std={self.dp_noise_std} is invalid; must be >= 0")
+        if self.dp_epsilon is not None and self.dp_noise_std is not None:
+            raise ValueError(
+                "dp_epsilon and dp_noise_std are two alternative mechanisms; set only one"
+            )
+        if self.dp_client < 0:
+            raise ValueError(f"dp_client={self.dp_client} is invalid; must be a client index")
 
 
 @register
 class FedTSP(Algorithm):
     name = "fedtsp"
     Options = FedTSPOptions
+    settings = ("htfl", "gfl")
 
     @classmethod
     def required_feature_dim(cls, options: FedTSPOptions) -> int:
@@ -111,6 +151,11 @@ class FedTSP(Algorithm):
         from fedtsp.models.text import build_text_encoder
 
         opts = self.opts
+        if opts.dp_client >= self.ctx.num_clients:
+            raise ValueError(
+                f"dp_client={opts.dp_client} is invalid; the run has clients "
+                f"0..{self.ctx.num_clients - 1}"
+            )
         encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
         n_ctx = self._dataset_default(opts.prompt_tokens, 1, 10) if opts.trainable_prompts else 0
         prompts = self._class_prompts(encoder, n_ctx)
@@ -120,10 +165,44 @@ class FedTSP(Algorithm):
         self.learner = PromptLearner(
             encoder, prompts, n_ctx=n_ctx, position=opts.prompt_position
         ).to(self.ctx.device)
+        self._privatize_descriptions()
         trainable = [p for p in self.learner.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
+        if self.ctx.homogeneous:  # one common starting model: client 0's initial weights
+            return self._broadcast() | model_message(clients[0].model)
         return self._broadcast()
+
+    def _privatize_descriptions(self) -> None:
+        """Swap the learner's clean token embeddings for the (one-time) private upload.
+
+        The learner tokenised the prompts only to lay out the sequences (the upload carries
+        the same lengths); from here on the server encodes nothing but the noisy embeddings.
+        """
+        from fedtsp.privacy import add_fixed_noise, privatize_sequences
+
+        opts, learner = self.opts, self.learner
+        if opts.dp_epsilon is None and opts.dp_noise_std is None:
+            return
+        # Fixed by (seed, client): a resumed run re-creates the very same upload.
+        generator = torch.Generator().manual_seed(
+            int(np.random.SeedSequence([self.ctx.seed, opts.dp_client, 0xD9]).generate_state(1)[0])
+        )
+        if opts.dp_noise_std is not None:
+            noisy = add_fixed_noise(learner.token_embeddings, opts.dp_noise_std, generator)
+        else:
+            # Positions the context vectors overwrite carry no description: not uploaded.
+            keep = learner.attention_mask.bool().clone()
+            keep[:, learner.ctx_start : learner.ctx_start + learner.n_ctx] = False
+            noisy = privatize_sequences(
+                learner.token_embeddings,
+                keep,
+                opts.dp_epsilon,
+                opts.dp_delta,
+                opts.dp_clip,
+                generator,
+            )
+        learner.set_token_embeddings(noisy)
 
     def _class_prompts(self, encoder: Any, n_ctx: int) -> list[list[str]]:
         """Prompts per class; description files are validated against the encoder first.
@@ -161,9 +240,14 @@ class FedTSP(Algorithm):
 
     def upload(self, client: Client) -> Message:
         means, counts = client.class_prototypes()
+        if self.ctx.homogeneous:
+            return with_sample_count(
+                client, {"protos": means, "counts": counts} | model_message(client.model)
+            )
         return {"protos": means, "counts": counts}
 
     def receive(self, client: Client, broadcast: Message) -> None:
+        load_model_message(client.model, broadcast)  # homogeneous settings only
         client.state["text_protos"] = F.normalize(broadcast["text_protos"], dim=1).to(client.device)
         client.state["logit_scale"] = broadcast["logit_scale"].to(client.device)
 
@@ -183,6 +267,8 @@ class FedTSP(Algorithm):
                 loss.backward()
                 self.optimizer.step()
             self.last_server_loss = float(loss.detach())
+        if self.ctx.homogeneous:
+            return self._broadcast() | average_model_messages(uploads)
         return self._broadcast()
 
     def round_metrics(self) -> dict[str, float]:

@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedtsp.data.datasets import ImageDataset, dataset_info
+from fedtsp.data.datasets import DatasetNotFoundError, ImageDataset, dataset_info
 
 
 def synthetic_dataset(
-    name: str = "cifar10", per_class: int = 60, seed: int = 0, size: int = 32
+    name: str = "cifar10", per_class: int = 60, seed: int = 0, size: int | None = None
 ) -> ImageDataset:
-    """A dataset shaped like ``name`` (its classes and channels) with ``per_class`` train images.
+    """A dataset shaped like ``name`` (classes, channels, image size) with ``per_class`` train
+    images per class; the test split holds ``max(per_class // 5, 2)`` per class.
 
-    The test split holds ``max(per_class // 5, 2)`` images per class.
+    Tiny-ImageNet has no stand-in: its class list comes from the data itself.
     """
+    info = dataset_info(name)
+    if not info.classes:
+        raise DatasetNotFoundError(
+            f"{info.title} has no synthetic stand-in (its classes are read from the data)"
+        )
+    size = info.image_size if size is None else size
     if per_class < 1:
         raise ValueError(f"per_class={per_class} is invalid; must be >= 1")
     if size < 4 or size % 4:
         raise ValueError(f"size={size} is invalid; must be a multiple of 4 (>= 4)")
-    info = dataset_info(name)
     num_classes = len(info.classes)
     channels = info.channels
     rng = np.random.default_rng(seed)

@@ -1,0 +1,258 @@
+"""Model-homogeneous settings (Table 3): FedAvg, FedBABU, FedETF, FedFA, FedTSP in GFL and the
+"-FT" / "-Per" personalisation in PFL, on the tiny synthetic data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_config
+
+import fedtsp.simulation as sim
+from fedtsp.algorithms.fedavg import MODEL_PREFIX
+from fedtsp.algorithms.fedetf import simplex_etf
+from fedtsp.config import ConfigError, RunConfig
+from fedtsp.simulation import prepare, run_experiment
+
+
+def homo_config(algorithm: str, setting: str = "gfl", **changes):
+    return tiny_config(algorithm=algorithm, setting=setting, family="homo-cpu", **changes)
+
+
+def started(config, data):
+    """A prepared run whose clients have received the first broadcast (as round 0 sees it)."""
+    run = prepare(config, dataset=data)
+    for client in run.clients if run.first_broadcast is not None else []:
+        run.algorithm.receive(client, run.first_broadcast)
+    return run
+
+
+def train_rounds(run, rounds: int) -> None:
+    for t in range(rounds):
+        sim.seed_everything(sim.derive_seed(run.config.seed, t))
+        sim._train_round(run, t, {})
+
+
+def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    """Equal weights and statistics (BatchNorm's integer batch counter stays local)."""
+    sa, sb = a.state_dict(), b.state_dict()
+    keys = [k for k in sa if sa[k].is_floating_point()]
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in keys)
+
+
+# ---- configuration ---------------------------------------------------------------------------
+def test_settings_are_validated_with_clear_errors():
+    with pytest.raises(ConfigError, match="setting gfl needs one architecture"):
+        tiny_config(algorithm="fedavg", setting="gfl").validate()  # htfe-cpu: 4 architectures
+    with pytest.raises(ConfigError, match=r"runs in setting\(s\) gfl, not htfl"):
+        tiny_config(algorithm="fedavg").validate()
+    with pytest.raises(ConfigError, match="setting pfl offers fedavg-ft, fedbabu-ft"):
+        homo_config("fedbabu", "pfl").validate()
+    with pytest.raises(ConfigError, match="setting='xfl' is invalid"):
+        homo_config("fedavg", "xfl").validate()
+    homo_config("fedtsp", "gfl").validate()
+    tiny_config(algorithm="fedtsp").validate()  # FedTSP runs in htfl and gfl
+
+
+def test_the_setting_field_keeps_old_run_keys():
+    """Records made before `setting` existed keep their keys; other settings get new ones."""
+    import hashlib
+    import json
+
+    config = RunConfig()
+    old = {k: v for k, v in config.to_dict().items() if k != "setting"}
+    blob = json.dumps({"config": old, "extra": {}}, sort_keys=True, default=str).encode()
+    assert config.key() == hashlib.sha256(blob).hexdigest()[:16]
+    assert config.replace(setting="gfl").key() != config.key()
+
+
+# ---- aggregation -----------------------------------------------------------------------------
+def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data):
+    run = started(homo_config("fedavg"), tiny_data)
+    sizes = [c.num_train for c in run.clients]
+    assert len(set(sizes)) > 1  # unequal clients, so weighting matters
+    with torch.no_grad():  # client i's weights all equal i + 1
+        for i, client in enumerate(run.clients):
+            for p in client.model.parameters():
+                p.fill_(i + 1.0)
+    broadcast = run.algorithm.server_step([run.algorithm.upload(c) for c in run.clients], 0)
+    expected = sum(n * (i + 1.0) for i, n in enumerate(sizes)) / sum(sizes)
+    unweighted = sum(i + 1.0 for i in range(len(sizes))) / len(sizes)
+    assert abs(expected - unweighted) > 0.01
+    weight = broadcast[MODEL_PREFIX + "head.weight"]
+    assert torch.allclose(weight, torch.full_like(weight, expected))
+    for client in run.clients:
+        run.algorithm.receive(client, broadcast)
+    assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
+    assert float(run.clients[3].model.head.bias[0].detach()) == pytest.approx(expected, rel=1e-6)
+
+
+def test_all_clients_start_from_one_model(tiny_data):
+    run = started(homo_config("fedavg"), tiny_data)
+    assert all(same_state(c.model, run.clients[0].model) for c in run.clients[1:])
+
+
+def test_fedbabu_head_stays_at_its_initial_values(tiny_data):
+    run = started(homo_config("fedbabu"), tiny_data)
+    head0 = run.clients[0].model.head.weight.detach().clone()
+    body0 = [p.detach().clone() for p in run.clients[0].model.features.parameters()]
+    train_rounds(run, 2)
+    for client in run.clients:
+        assert torch.equal(client.model.head.weight, head0)  # frozen and common
+        assert not any(k.startswith(MODEL_PREFIX + "head.") for k in run.algorithm.upload(client))
+    body = [p.detach() for p in run.clients[0].model.features.parameters()]
+    assert max(float((a - b).abs().max()) for a, b in zip(body, body0, strict=True)) > 1e-4
+    assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
+
+
+# ---- FedETF ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(("classes", "dim"), [(10, 384), (100, 512), (100, 100)])
+def test_simplex_etf_has_equal_norm_columns_and_equal_negative_cosines(classes, dim):
+    etf = simplex_etf(classes, dim, torch.Generator().manual_seed(0))
+    assert etf.shape == (dim, classes)
+    norms = etf.norm(dim=0)
+    assert torch.allclose(norms, torch.ones(classes), atol=1e-5)
+    cos = (etf.T @ etf) / (norms[:, None] * norms[None, :])
+    off = cos[~torch.eye(classes, dtype=torch.bool)]
+    assert torch.allclose(off, torch.full_like(off, -1.0 / (classes - 1)), atol=1e-5)
+    assert float(etf.sum(1).abs().max()) < 1e-4  # columns sum to zero (centred simplex)
+    with pytest.raises(ValueError, match="needs 2 <= classes <= feature width"):
+        simplex_etf(100, 64)
+
+
+def test_fedetf_classifier_is_fixed_shared_and_never_sent(tiny_data):
+    run = started(homo_config("fedetf"), tiny_data)
+    etf = run.clients[0].model.head.etf.clone()
+    train_rounds(run, 1)
+    for client in run.clients:
+        assert torch.equal(client.model.head.etf, etf)
+        assert MODEL_PREFIX + "head.etf" not in run.algorithm.upload(client)
+        assert MODEL_PREFIX + "head.proj.weight" in run.algorithm.upload(client)
+
+
+# ---- FedFA -----------------------------------------------------------------------------------
+def test_fedfa_anchors_follow_the_class_means_with_momentum(tiny_data):
+    run = started(homo_config("fedfa", algo_options={"anchor_momentum": 0.25}), tiny_data)
+    algo, d = run.algorithm, run.algorithm.ctx.feature_dim
+
+    def uploads(value: float) -> list[dict]:
+        out = []
+        for client in run.clients:
+            up = algo.upload(client)
+            up["protos"] = torch.full((10, d), value)
+            up["counts"] = torch.tensor([5] * 9 + [0])  # nobody holds class 9
+            out.append(up)
+        return out
+
+    algo.server_step(uploads(2.0), 0)
+    assert torch.allclose(algo.anchors[:9], torch.full((9, d), 2.0))  # first sight: the mean
+    assert not bool(algo.has_anchor[9]) and float(algo.anchors[9].abs().sum()) == 0
+    broadcast = algo.server_step(uploads(6.0), 1)
+    assert torch.allclose(algo.anchors[:9], torch.full((9, d), 0.25 * 2 + 0.75 * 6))
+    algo.receive(run.clients[0], broadcast)
+    c = run.clients[0]
+    x, y = c.train_x[:8], c.train_y[:8]
+    ce_only = torch.nn.functional.cross_entropy(c.model(x), y)
+    assert float(algo.train_loss(c, x, y).detach()) > float(ce_only.detach()) + 1.0  # anchors on
+
+
+# ---- records: GFL and PFL numbers ------------------------------------------------------------
+def test_gfl_record_scores_the_global_model_on_the_official_test_set(tmp_path, tiny_data):
+    config = homo_config("fedavg", rounds=3, local_epochs=2)
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    history = record["history"]
+    assert all("gfl_acc" in row and "gfl_top5" in row for row in history)
+    gfl = [row["gfl_acc"] for row in history]
+    assert record["summary"]["best_gfl_acc"] == max(gfl) > 0.6  # chance is 0.1
+    assert record["summary"]["last5_mean_gfl_acc"] == pytest.approx(sum(gfl[-5:]) / len(gfl[-5:]))
+    assert history[0]["gfl_acc"] < 0.35
+    # The official test set of the synthetic data has 12 images per class.
+    assert all(abs(v * 120 - round(v * 120)) < 1e-9 for v in gfl)
+
+
+def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
+    run = started(homo_config("fedtsp"), tiny_data)
+    client = run.clients[1]
+    x, y = client.train_x[:8], client.train_y[:8]
+    feats = client.model.features(x)
+    align = run.algorithm.local_loss(client, x, y, feats, client.model.head(feats))
+    assert align is not None and float(align.detach()) > 0
+    train_rounds(run, 1)
+    assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
+    assert run.algorithm.text_protos.shape == (10, 384)
+
+
+def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
+    run = started(homo_config("fedavg-ft", "pfl", algo_options={"ft_epochs": 5}), tiny_data)
+    train_rounds(run, 1)
+    algo, client = run.algorithm, run.clients[2]
+    before = {k: v.clone() for k, v in client.model.state_dict().items()}
+    algo.prepare_evaluation(client, round_index=1)
+    after = client.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the model is untouched
+    weight, bias = algo._ft_heads[client.index]
+    assert float((weight - client.model.head.weight).abs().max()) > 1e-4  # the head copy moved
+
+    def train_acc(predict) -> float:
+        return client.evaluate(predict, client.train_x, client.train_y).accuracy
+
+    global_acc = train_acc(lambda c, x: c.model(x))
+    tuned_acc = train_acc(algo.predict)
+    assert tuned_acc > global_acc  # fine-tuning fits the client's own label distribution
+    # Deterministic: the same round and client give the same head.
+    algo.prepare_evaluation(client, round_index=1)
+    assert torch.equal(algo._ft_heads[client.index][0], weight)
+
+
+def test_fedetf_per_starts_from_the_scaled_etf(tiny_data):
+    run = started(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
+    client = run.clients[0]
+    run.algorithm.prepare_evaluation(client, round_index=0)
+    x = client.test_x[:16]
+    # With no fine-tuning epochs the personal head is the global ETF classifier itself.
+    assert torch.allclose(run.algorithm.predict(client, x), client.model(x), atol=1e-5)
+
+
+def test_pfl_record_reports_the_accuracy_after_finetuning(tmp_path, tiny_data):
+    config = homo_config("fedbabu-ft", "pfl", rounds=2, algo_options={"ft_epochs": 3})
+    record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
+    summary = record["summary"]
+    assert summary["best_pfl_acc"] == summary["best_acc"] > 0.2
+    assert "gfl_acc" not in record["history"][0]
+    assert record["config"]["setting"] == "pfl"
+    assert math.isfinite(record["history"][0]["train_loss"])
+
+
+# ---- FedPAC and FedPCL ------------------------------------------------------------------------
+def test_fedpac_qp_finds_the_simplex_minimiser():
+    from fedtsp.algorithms.fedpac import combination_weights, project_to_simplex, simplex_qp
+
+    assert torch.allclose(
+        project_to_simplex(torch.tensor([0.5, 0.5, 2.0], dtype=torch.float64)),
+        torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64),
+    )
+    # min a^T diag(1, 4) a on the simplex: a proportional to (1/1, 1/4) = (0.8, 0.2).
+    a = simplex_qp(torch.diag(torch.tensor([1.0, 4.0])))
+    assert torch.allclose(a, torch.tensor([0.8, 0.2], dtype=torch.float64), atol=1e-6)
+    # Clients 0 and 1 share a feature distribution, client 2 differs: 0 leans on 1, hardly on 2.
+    means = torch.tensor([[[1.0, 0.0]], [[1.0, 0.0]], [[-5.0, 3.0]]])
+    counts = torch.tensor([[10], [10], [10]])
+    w = combination_weights(means, counts, torch.tensor([1.0, 1.0, 1.0]))
+    assert torch.allclose(w.sum(1), torch.ones(3))
+    # Row 0: diag(V) + D = diag(1, 1, 1 + 45) (||(1,0) - (-5,3)||^2 = 45), so a ~ (1, 1, 1/46).
+    assert float(w[0, 1]) == pytest.approx(46 / 93, abs=1e-4)
+    assert float(w[0, 2]) == pytest.approx(1 / 93, abs=1e-4)
+    assert float(w[2, 2]) > 0.9
+
+
+def test_fedpcl_predicts_the_nearest_global_prototype(tiny_data):
+    run = started(homo_config("fedpcl", "pfl"), tiny_data)
+    train_rounds(run, 1)
+    client, algo = run.clients[0], run.algorithm
+    x = client.test_x[:32]
+    feats = torch.nn.functional.normalize(client.model.features(x), dim=1)
+    protos = torch.nn.functional.normalize(client.state["global_protos"], dim=1)
+    nearest = (feats @ protos.T).argmax(1)
+    assert torch.equal(algo.predict(client, x).argmax(1), nearest)
+    assert float(algo.train_loss(client, x, client.test_y[:32])) > 0

@@ -1,0 +1,129 @@
+"""Profiles, run plans and table writing: the pieces the batch runner and notebooks share."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from fedtsp.config import ConfigError
+from fedtsp.experiments import DataSource, method_config
+from fedtsp.outputs import ResultsWriter, write_index
+from fedtsp.plans import notebook_plan
+from fedtsp.profiles import load_profile, notebook_parameters, profile_names
+from fedtsp.simulation import run_key
+from fedtsp.tables import best_mask, mean_std, to_latex, to_markdown
+
+
+def test_profiles_load_and_cover_every_notebook():
+    assert profile_names() == ["smoke", "cpu", "paper"]
+    notebooks = None
+    for name in profile_names():
+        prof = load_profile(name)
+        if notebooks is None:
+            notebooks = set(prof.notebooks)
+        assert set(prof.notebooks) == notebooks, name
+    assert load_profile("paper").base["rounds"] == 300
+    assert load_profile("paper").seeds == [0, 1, 2]
+
+
+def test_unknown_profile_and_notebook_are_clear_errors():
+    with pytest.raises(ConfigError, match="unknown profile 'gpu'; choose one of smoke, cpu, paper"):
+        load_profile("gpu")
+    with pytest.raises(ConfigError, match="no parameters for notebook '99_x'"):
+        notebook_parameters("smoke", "99_x")
+
+
+def test_notebook_parameters_point_into_the_results_root(tmp_path):
+    params = notebook_parameters("cpu", "03_main_table", tmp_path)
+    assert params["store"] == str(tmp_path.resolve() / "cpu" / "runs")
+    assert params["results_dir"] == str(tmp_path.resolve() / "cpu")
+    assert params["seeds"] == [0, 1] and params["base"]["rounds"] == 20
+    assert len(params["methods"]) == 12
+    json.dumps(params)  # papermill needs JSON-serialisable values
+
+
+def test_method_config_drops_default_options_so_equal_runs_share_a_key():
+    base = {"num_clients": 4, "family": "htfe-cpu", "rounds": 2}
+    spelled_out = method_config(
+        base, "FedTSP-MiniLM", algo_options={"trainable_prompts": True, "lam": 7.0}
+    )
+    plain = method_config(base, "FedTSP-MiniLM")
+    assert spelled_out == plain
+    assert plain.algo_options == {"prompts": "long"}
+    assert method_config(base, "Local").algo_options == {}
+    with pytest.raises(ConfigError, match="unknown method label 'FedFoo'"):
+        method_config(base, "FedFoo")
+
+
+def test_plans_share_runs_between_notebooks():
+    prof = load_profile("smoke")
+    source = DataSource("synthetic", 4)
+
+    def keys(notebook):
+        specs = notebook_plan(notebook, notebook_parameters(prof, notebook), source)
+        return {run_key(s.config, source.get(s.config.dataset)) for s in specs}
+
+    main, semantics, ablation, llm = (
+        keys(n)
+        for n in ("03_main_table", "02_prototype_semantics", "04_ablations", "05_llm_robustness")
+    )
+    # Fig. 1 reads the prototypes of Table 1's runs; Table 2's row (5) and Fig. 5's "long"
+    # bar are Table 1's FedTSP; notebook 05's committed set too.
+    assert semantics <= main
+    assert llm <= main
+    # CIFAR-100 Local (row 1) and FedTSP (row 5), CIFAR-10 FedTSP (Fig. 5's "long"); one seed.
+    assert len(ablation & main) == 3
+    assert len(main) == 12 * 2 + 2 * 2 - 2  # Table 1 on 2 datasets + 2 families x 2 methods
+
+
+def test_missing_dataset_is_skipped_with_a_note(tmp_path):
+    source = DataSource(str(tmp_path))
+    available, notes = source.split(["cifar10"])
+    assert available == []
+    assert notes and notes[0].startswith("cifar10 skipped: no offline copy here")
+
+
+def test_mean_std_best_mask_and_text_formats():
+    frame = pd.DataFrame(
+        {
+            "method": ["A", "A", "B", "B"],
+            "dataset": ["x"] * 4,
+            "acc": [80.0, 82.0, 85.0, 85.0],
+        }
+    )
+    text, means = mean_std(frame, "method", "dataset", "acc")
+    assert text.loc["A", "x"] == "81.00 ± 1.00"
+    assert text.loc["B", "x"] == "85.00 ± 0.00"
+    bold = best_mask(means)
+    assert bold.loc["B", "x"] and not bold.loc["A", "x"]
+    md = to_markdown(text.reset_index(), bold.reset_index().assign(method=False))
+    assert "| B | **85.00 ± 0.00** |" in md
+    tex = to_latex(text.reset_index(), bold.reset_index().assign(method=False), "cap 5%")
+    assert r"\textbf{85.00 $\pm$ 0.00}" in tex and r"\caption{cap 5\%}" in tex
+
+
+def test_results_writer_records_provenance_and_index(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    writer = ResultsWriter(tmp_path / "cpu", "03_main_table", "cpu", "about the scale")
+    table = pd.DataFrame({"method": ["A", "B"], "acc": ["1.00 ± 0.00", "2.00 ± 0.00"]})
+    bold = pd.DataFrame({"method": [False, False], "acc": [False, True]})
+    writer.table(table, "t1", "Table 1", "caption", runs=["k1", "k2", "k1"], bold=bold)
+    fig, ax = plt.subplots()
+    ax.plot(np.arange(3))
+    writer.figure(fig, "f3", "Fig. 3", runs=["k1"])
+    csv = (tmp_path / "cpu" / "tables" / "t1.csv").read_text()
+    assert "2.00 ± 0.00 *" in csv and "1.00 ± 0.00 *" not in csv
+    assert (tmp_path / "cpu" / "figures" / "f3.pdf").stat().st_size > 1000
+    manifest = json.loads((tmp_path / "cpu" / "manifest" / "03_main_table.json").read_text())
+    assert [e["name"] for e in manifest["artefacts"]] == ["t1", "f3"]
+    assert manifest["artefacts"][0]["runs"] == ["k1", "k2"]
+    index = write_index(tmp_path).read_text()
+    assert "## Profile `cpu`" in index and "about the scale" in index
+    assert "| Table 1 | t1 | `03_main_table` |" in index
