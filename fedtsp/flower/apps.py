@@ -1,0 +1,365 @@
+"""Flower ServerApp and ClientApp (Message API) driving any fedtsp algorithm.
+
+Messages (``dst``: who receives it):
+
+* ``query.hello`` (node): which client (``partition-id``) the node holds;
+* the round-0 message also carries the run description and the client's initial state;
+* ``train`` / ``evaluate`` (node): round t with the previous server broadcast as an
+  ArrayRecord; the reply carries the evaluation counts, the training loss and timings
+  (ConfigRecord) and the client's upload (ArrayRecord). ``evaluate`` closes the run:
+  evaluation only, as the simulator's last round.
+
+``server_app`` / ``client_app`` read the work folder from the run config (``workdir``), as
+``flwr run`` passes it; :func:`make_apps` binds one explicitly (Flower's simulation engine).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedtsp.algorithms import Message as AlgoMessage
+from fedtsp.flower.core import (
+    ClientFailureError,
+    Failure,
+    NodeRuntime,
+    ServerLoop,
+    arrays_to_message,
+    from_bytes,
+    message_to_arrays,
+    to_bytes,
+)
+
+log = logging.getLogger("fedtsp.flower")
+
+CONNECT_TIMEOUT = 300.0  # seconds to wait for every SuperNode to register
+_STATE_KEY = "fedtsp"
+# Node-side cache: (run id, node id) -> (state marker, runtime). A process that served the
+# node's last message reuses its objects; any other process rebuilds from Context.state.
+_NODES: dict[tuple[int, int], tuple[int, NodeRuntime]] = {}
+
+
+def _arrays(message: AlgoMessage | None) -> ArrayRecord:
+    arrays = message_to_arrays(message)
+    return ArrayRecord({k: Array(v) for k, v in arrays.items()}) if arrays else ArrayRecord()
+
+
+def _message_from(record: ArrayRecord, device: Any) -> AlgoMessage:
+    if len(record) == 0:
+        return {}
+    return arrays_to_message({k: v.numpy() for k, v in record.items()}, device)
+
+
+# ---- server -----------------------------------------------------------------------------
+def _exchange(
+    grid: Grid,
+    targets: dict[int, int],
+    contents: dict[int, RecordDict],
+    message_type: str,
+    group: str,
+    timeout: float,
+) -> tuple[dict[int, Message], dict[int, str]]:
+    """Send one message per client; return replies and a reason for each missing one."""
+    messages = [
+        Message(
+            contents[i],
+            dst_node_id=node,
+            message_type=message_type,
+            group_id=group,
+            ttl=max(timeout * 2, 60.0),
+        )
+        for i, node in targets.items()
+    ]
+    by_node = {node: i for i, node in targets.items()}
+    replies: dict[int, Message] = {}
+    failed: dict[int, str] = {}
+    # Own pull loop: Flower's deployment Grid.send_and_receive sleeps 3 s between pulls,
+    # which would dominate a CPU-scale round; 0.1 s keeps the overhead small.
+    pending = set(grid.push_messages(messages))
+    received: list[Message] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        batch = list(grid.pull_messages(pending))
+        received.extend(batch)
+        pending -= {m.metadata.reply_to_message_id for m in batch}
+        if pending:
+            time.sleep(0.1)
+    for reply in received:
+        index = by_node.get(reply.metadata.src_node_id)
+        if index is None:
+            continue
+        if reply.has_error():
+            failed[index] = f"error reply (code {reply.error.code}): {_short(reply.error.reason)}"
+        else:
+            replies[index] = reply
+    for index in targets:
+        if index not in replies and index not in failed:
+            failed[index] = f"no reply within {timeout:g} s (node gone or stalled)"
+    return replies, failed
+
+
+def _short(reason: str | None, limit: int = 400) -> str:
+    """The gist of a remote traceback: its last line naming the exception, capped."""
+    lines = [ln.strip() for ln in (reason or "").splitlines() if ln.strip()]
+    named = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+    text = (named or lines or ["(no reason given)"])[-1]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= count:
+            return nodes
+        if time.monotonic() > deadline:
+            raise ClientFailureError(
+                f"only {len(nodes)} of {count} SuperNodes connected within {timeout:g} s; "
+                "start one SuperNode per client"
+            )
+        time.sleep(0.5)
+
+
+def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
+    """The ServerApp's body: set up, map nodes to clients, run every round, write the record."""
+    wall_start = time.perf_counter()
+    loop = ServerLoop(Path(workdir))
+    cfg, run = loop.config, loop.run
+    timeout = float(run["round_timeout"])
+    nodes = _wait_for_nodes(grid, cfg.num_clients, CONNECT_TIMEOUT)
+
+    # Which node holds which client: each node names its partition-id.
+    hello = {n: RecordDict() for n in nodes}
+    by_self = {n: n for n in nodes}
+    replies, failed = _exchange(grid, by_self, hello, "query.hello", "hello", timeout)
+    if failed:
+        raise ClientFailureError(f"SuperNodes did not answer the handshake: {failed}")
+    targets: dict[int, int] = {}
+    for node, reply in replies.items():
+        index = int(reply.content["node"]["partition-id"])
+        if not 0 <= index < cfg.num_clients or index in targets:
+            raise ClientFailureError(
+                f"node {node} reports partition-id={index}; each of 0..{cfg.num_clients - 1} "
+                "must be held by exactly one SuperNode"
+            )
+        targets[index] = node
+    missing = sorted(set(range(cfg.num_clients)) - set(targets))
+    if missing:
+        raise ClientFailureError(f"no SuperNode holds client(s) {missing}")
+    log.info("nodes: %s", {i: targets[i] for i in sorted(targets)})
+
+    run_json = json.dumps(run)
+    from fedtsp.simulation import derive_seed, seed_everything
+
+    history: list[dict[str, Any]] = []
+    failures: list[Failure] = []
+    broadcast = loop.first_broadcast
+    extra = {"nodes": {str(i): targets[i] for i in sorted(targets)}}
+    for t in range(cfg.rounds + 1):
+        round_start = time.perf_counter()
+        seed_everything(derive_seed(cfg.seed, t))
+        train = t < cfg.rounds
+        due = cfg.global_eval_every > 0 and (t % cfg.global_eval_every == 0 or t == cfg.rounds)
+        content = RecordDict(
+            {
+                "broadcast": _arrays(broadcast),
+                "round": ConfigRecord(
+                    {
+                        "round": t,
+                        "train": train,
+                        "global_eval": due,
+                        # The simulator calls receive() after every server step, even with
+                        # an empty broadcast, but before round 0 only if set-up sent one.
+                        "has_broadcast": broadcast is not None,
+                    }
+                ),
+            }
+        )
+        contents = dict.fromkeys(targets, content)
+        if t == 0:  # round 0 also ships each client's initial state (one message fewer)
+            contents = {
+                i: RecordDict(
+                    dict(content.items())
+                    | {"init": ConfigRecord({"run": run_json, "blob": loop.initial_blobs[i]})}
+                )
+                for i in targets
+            }
+        replies, failed = _exchange(
+            grid, targets, contents, "train" if train else "evaluate", str(t), timeout
+        )
+        loop.initial_blobs = []  # shipped; free the memory
+        for index, reason in sorted(failed.items()):
+            failure = Failure(index, targets.pop(index), t, reason)
+            failures.append(failure)
+            log.error("%s", failure.sentence())
+        extra["failures"] = [vars(f) for f in failures]
+        if failed and (run["on_failure"] == "stop" or not targets):
+            _stop(loop, history, extra, failures, wall_start)
+        decoded = {i: json.loads(str(r.content["reply"]["json"])) for i, r in replies.items()}
+        uploads = {
+            i: _message_from(r.content["upload"], cfg.device)
+            for i, r in replies.items()
+            if "upload" in r.content
+        }
+        try:
+            row, broadcast = loop.round_row(t, decoded, uploads)
+        except Exception as exc:
+            if not failures:
+                raise
+            failures.append(Failure(-1, -1, t, f"the server step failed without them: {exc}"))
+            extra["failures"] = [vars(f) for f in failures]
+            _stop(loop, history, extra, failures, wall_start)
+        if failures:
+            row["clients"] = sorted(decoded)
+        row["wall"] = time.perf_counter() - round_start
+        history.append(row)
+        loop.save_incomplete(loop.record(history, "running", extra))
+        log.info("round %d: acc %.4f", t, row["acc"])
+
+    status = "complete_with_failures" if failures else "complete"
+    record = loop.record(history, status, extra | {"timings": _totals(history, wall_start)})
+    if failures:
+        # Not the config's nominal result: kept beside the store, never served as a cache hit.
+        loop.save_incomplete(record)
+    else:
+        loop.store.save(record, loop.artifacts())
+        loop.incomplete_path().unlink(missing_ok=True)
+    return record
+
+
+def _totals(history: list[dict[str, Any]], wall_start: float) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for row in history:
+        for name, seconds in row["timings"].items():
+            totals[name] = totals.get(name, 0.0) + seconds
+    return totals | {
+        "wall": time.perf_counter() - wall_start,
+        "rounds_wall": sum(row["wall"] for row in history),
+    }
+
+
+def _stop(
+    loop: ServerLoop,
+    history: list[dict[str, Any]],
+    extra: dict[str, Any],
+    failures: list[Failure],
+    wall_start: float,
+) -> NoReturn:
+    """Keep every finished round (status failed) and stop with one clear sentence."""
+    message = (
+        f"{'; '.join(f.sentence() for f in failures)}; the run stops here "
+        f"(on_failure={loop.run['on_failure']}); the {len(history)} round(s) evaluated so far "
+        f"are kept in {loop.incomplete_path()}"
+    )
+    record = loop.record(
+        history, "failed", extra | {"error": message, "timings": _totals(history, wall_start)}
+    )
+    loop.save_incomplete(record)
+    raise ClientFailureError(message)
+
+
+# ---- node ---------------------------------------------------------------------------------
+def _node_runtime(context: Context) -> NodeRuntime:
+    saved = context.state[_STATE_KEY]
+    marker = int(saved["marker"])
+    cached = _NODES.get((context.run_id, context.node_id))
+    if cached is not None and cached[0] == marker:
+        return cached[1]
+    run = json.loads(str(saved["run"]))
+    node = NodeRuntime.build(run, int(saved["index"]), str(saved["data-file"]), saved["blob"])
+    _NODES[(context.run_id, context.node_id)] = (marker, node)
+    return node
+
+
+def _persist(context: Context, node: NodeRuntime) -> None:
+    saved = context.state[_STATE_KEY]
+    marker = int(saved["marker"]) + 1
+    saved["marker"] = marker
+    saved["blob"] = node.blob()
+    _NODES[(context.run_id, context.node_id)] = (marker, node)
+
+
+def _partition_id(context: Context) -> int:
+    if "partition-id" not in context.node_config:
+        raise ValueError("this SuperNode has no partition-id in its --node-config")
+    return int(context.node_config["partition-id"])
+
+
+def _data_file(context: Context, workdir: str | None, index: int) -> str:
+    if "data-file" in context.node_config:
+        return str(context.node_config["data-file"])
+    if workdir is None:
+        raise ValueError("give the SuperNode data-file=... in --node-config")
+    return str(Path(workdir) / f"node-{index}.npz")
+
+
+def make_apps(workdir: str | Path | None = None) -> tuple[ServerApp, ClientApp]:
+    """A ServerApp/ClientApp pair; ``workdir`` None: read it from the run config."""
+    bound = None if workdir is None else str(Path(workdir).resolve())
+
+    def _workdir(context: Context) -> str | None:
+        return bound or (
+            str(context.run_config["workdir"]) if "workdir" in context.run_config else None
+        )
+
+    server = ServerApp()
+
+    @server.main()
+    def _main(grid: Grid, context: Context) -> None:
+        path = _workdir(context)
+        if path is None:
+            raise ValueError("run config has no 'workdir'; pass --run-config 'workdir=\"...\"'")
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        serve(grid, path)
+
+    client = ClientApp()
+
+    @client.query("hello")
+    def _hello(msg: Message, context: Context) -> Message:
+        content = RecordDict({"node": ConfigRecord({"partition-id": _partition_id(context)})})
+        return Message(content, reply_to=msg)
+
+    def _init(msg: Message, context: Context) -> NodeRuntime:
+        init = msg.content["init"]
+        run = json.loads(str(init["run"]))
+        index = _partition_id(context)
+        data_file = _data_file(context, _workdir(context), index)
+        node = NodeRuntime.build(run, index, data_file, init["blob"])  # checks the data now
+        context.state[_STATE_KEY] = ConfigRecord(
+            {"run": str(init["run"]), "index": index, "data-file": data_file, "marker": 0}
+        )
+        _persist(context, node)
+        return node
+
+    def _round(msg: Message, context: Context) -> Message:
+        node = _init(msg, context) if "init" in msg.content else _node_runtime(context)
+        spec = msg.content["round"]
+        broadcast = _message_from(msg.content["broadcast"], node.config.device)
+        reply, upload = node.round(
+            int(spec["round"]),
+            broadcast if spec["has_broadcast"] else None,
+            bool(spec["train"]),
+            bool(spec["global_eval"]),
+        )
+        _persist(context, node)
+        content = RecordDict({"reply": ConfigRecord({"json": json.dumps(reply)})})
+        if spec["train"]:
+            content["upload"] = _arrays(upload)
+        return Message(content, reply_to=msg)
+
+    client.train()(_round)
+    client.evaluate()(_round)
+    return server, client
+
+
+# The app bundle's components (see fedtsp.flower.launch.write_app): work folder from run config.
+server_app, client_app = make_apps()
+
+__all__ = ["client_app", "from_bytes", "make_apps", "serve", "server_app", "to_bytes"]
