@@ -152,6 +152,60 @@ def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     return specs
 
 
+def differential_privacy(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Table 4: FedTSP without DP (Table 1's run) and with the DP upload at each epsilon."""
+    dataset = params["dataset"]
+    if dataset not in source.split([dataset])[0]:
+        return []
+    specs = []
+    for epsilon in [None, *params["epsilons"]]:
+        options = (
+            {}
+            if epsilon is None
+            else {
+                "dp_epsilon": float(epsilon),
+                "dp_delta": params["dp_delta"],
+                "dp_clip": params["dp_clip"],
+            }
+        )
+        for seed in params["seeds"]:
+            config = method_config(
+                params["base"],
+                "FedTSP-MiniLM",
+                params.get("method_options"),
+                dataset=dataset,
+                alpha=params["alpha"],
+                seed=seed,
+                algo_options=options,
+            )
+            specs.append(RunSpec(config, {"dataset": dataset, "epsilon": epsilon}))
+    return specs
+
+
+def homogeneous(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """Table 3: GFL and PFL methods, every client with the same architecture."""
+    dataset = params["dataset"]
+    if dataset not in source.split([dataset])[0]:
+        return []
+    specs = []
+    for block, key in (("GFL", "gfl_methods"), ("PFL", "pfl_methods")):
+        for method in params[key]:
+            for seed in params["seeds"]:
+                config = method_config(
+                    params["base"],
+                    method,
+                    params.get("method_options"),
+                    dataset=dataset,
+                    alpha=params["alpha"],
+                    seed=seed,
+                    family=params["family"],
+                )
+                specs.append(
+                    RunSpec(config, {"dataset": dataset, "block": block, "method": method})
+                )
+    return specs
+
+
 def no_runs(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     return []
 
@@ -162,6 +216,8 @@ PLANS: dict[str, Callable[[dict[str, Any], DataSource], list[RunSpec]]] = {
     "03_main_table": main_table,
     "04_ablations": ablations,
     "05_llm_robustness": llm_robustness,
+    "06_dp": differential_privacy,
+    "07_homogeneous": homogeneous,
 }
 
 

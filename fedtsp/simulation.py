@@ -25,7 +25,14 @@ from tqdm.auto import tqdm
 from fedtsp.algorithms import Algorithm, Message, RunContext, get_algorithm, resolve_options
 from fedtsp.clients import Client, NonFiniteLossError
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import ImageDataset, Partition, load_dataset, make_partition, normalize
+from fedtsp.data import (
+    ImageDataset,
+    Partition,
+    load_dataset,
+    make_partition,
+    normalize,
+    stratified_subsample,
+)
 from fedtsp.models.families import build_client_model
 from fedtsp.results import RECORD_VERSION, RunStore, atomic_save, code_version, summarize_history
 
@@ -154,9 +161,10 @@ def prepare(
         client.optimizer = torch.optim.SGD(algorithm.client_parameters(client), lr=config.lr)
     global_test = None
     if config.global_eval_every > 0 or config.setting == "gfl":
+        idx = global_test_indices(config, dataset)
         global_test = (
-            normalize(torch.from_numpy(dataset.test_images)).to(device),
-            torch.from_numpy(dataset.test_labels).long().to(device),
+            normalize(torch.from_numpy(dataset.test_images[idx])).to(device),
+            torch.from_numpy(dataset.test_labels[idx]).long().to(device),
         )
     return PreparedRun(config, key, dataset, partition, clients, algorithm, first, global_test)
 
@@ -176,6 +184,19 @@ def _peak_memory_mb(device: torch.device) -> dict[str, float]:
     return out
 
 
+def global_test_indices(config: RunConfig, dataset: ImageDataset) -> np.ndarray:
+    """The global test set: the official (class-balanced) test split; with a data fraction
+    < 1 the same stratified fraction of it, which keeps it balanced and its cost in step."""
+    return stratified_subsample(dataset.test_labels, config.fraction, config.partition_seed)
+
+
+def global_eval_due(config: RunConfig, round_index: int) -> bool:
+    """Whether round `round_index` also scores every client on the global test set: every
+    `global_eval_every` rounds after training started, and after the last round."""
+    k = config.global_eval_every
+    return k > 0 and ((round_index > 0 and round_index % k == 0) or round_index == config.rounds)
+
+
 def _evaluate_round(run: PreparedRun, round_index: int) -> dict[str, Any]:
     algo, clients, cfg = run.algorithm, run.clients, run.config
     results = []
@@ -190,10 +211,7 @@ def _evaluate_round(run: PreparedRun, round_index: int) -> dict[str, Any]:
         "test_loss": sum(r.loss_sum for r in results) / total,
         "client_acc": [round(r.accuracy, 6) for r in results],
     }
-    due = cfg.global_eval_every > 0 and (
-        round_index % cfg.global_eval_every == 0 or round_index == cfg.rounds
-    )
-    if due and run.global_test is not None:
+    if global_eval_due(cfg, round_index) and run.global_test is not None:
         gx, gy = run.global_test
         accs = [c.evaluate(algo.predict, gx, gy).accuracy for c in clients]
         row["global_acc"] = float(np.mean(accs))

@@ -156,7 +156,7 @@ def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     log.info("nodes: %s", {i: targets[i] for i in sorted(targets)})
 
     run_json = json.dumps(run)
-    from fedtsp.simulation import derive_seed, seed_everything
+    from fedtsp.simulation import derive_seed, global_eval_due, seed_everything
 
     history: list[dict[str, Any]] = []
     failures: list[Failure] = []
@@ -166,7 +166,7 @@ def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
         round_start = time.perf_counter()
         seed_everything(derive_seed(cfg.seed, t))
         train = t < cfg.rounds
-        due = cfg.global_eval_every > 0 and (t % cfg.global_eval_every == 0 or t == cfg.rounds)
+        due = global_eval_due(cfg, t)
         content = RecordDict(
             {
                 "broadcast": _arrays(broadcast),

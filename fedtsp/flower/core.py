@@ -112,7 +112,7 @@ def prepare_workdir(
     round_timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Write run.json, server.npz and node-<i>.npz; return run.json's content."""
-    from fedtsp.simulation import partition_dataset, resolve_feature_dim
+    from fedtsp.simulation import global_test_indices, partition_dataset, resolve_feature_dim
 
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is invalid; choose one of {', '.join(ENGINES)}")
@@ -146,7 +146,8 @@ def prepare_workdir(
             "test_y": labels[te],
         }
         if due_global:
-            arrays |= {"global_x": dataset.test_images, "global_y": dataset.test_labels}
+            idx = global_test_indices(config, dataset)
+            arrays |= {"global_x": dataset.test_images[idx], "global_y": dataset.test_labels[idx]}
         _save_npz(workdir / f"node-{i}.npz", arrays)
     _save_npz(
         workdir / "server.npz",
