@@ -1,1 +1,2 @@
-"""Models: heterogeneous client families (`families`) and frozen text encoders (`text`)."""
+"""Models: heterogeneous client families (`families`), frozen text encoders (`text`) and
+frozen image encoders (`image_encoders`, FMCL's foundation models)."""
