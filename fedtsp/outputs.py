@@ -31,6 +31,16 @@ instead.
 """
 
 
+STANDALONE_ARTEFACTS = """
+## Stand-alone measurements (scripts, not notebooks)
+
+| what | files | produced by |
+|---|---|---|
+| CPU-scale comparison of Table 1's twelve methods on CIFAR-10 Dir(0.1), 40 rounds x 1 epoch, seeds 0-1 | [comparison.md](foundation/comparison.md), [notes](foundation/README.md), records in `foundation/runs/` | `bash results/foundation/run_comparison.sh` |
+| MiniLM text prototypes before training: WordNet rho and semantic gap for manual / short / long prompts (Fig. 1e/f metrics) | [table.md](text_prototypes/table.md), `text_prototypes/heatmap_*.png` | `python results/text_prototypes/measure.py` |
+"""
+
+
 class ResultsWriter:
     """Saves one notebook's tables and figures and records them in its manifest."""
 
@@ -138,6 +148,7 @@ def write_index(results_root: str | Path) -> Path:
                     f"| {e['target']} | {e['name']} | `{m['notebook']}` | {files} | {runs} | "
                     f"{commit} |"
                 )
+    lines.append(STANDALONE_ARTEFACTS)
     path = root / "README.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path

@@ -27,12 +27,15 @@ def grouped_bars(
     order: list[Any] | None = None,
     hue_order: list[Any] | None = None,
     zoom: bool = True,
+    dodge: bool = True,
 ) -> Figure:
     """Mean of `y` per (x, hue) with the seeds' standard deviation as error bars.
 
-    `zoom` starts the axis just below the lowest bar so that small gaps stay visible.
+    `zoom` starts the axis just below the lowest bar so that small gaps stay visible;
+    `dodge=False` colours bars by `hue` without splitting the slot (one hue per x).
     """
-    width = max(4.5, 0.55 * frame[x].nunique() * (frame[hue].nunique() if hue else 1) + 2)
+    per_slot = frame[hue].nunique() if hue and dodge else 1
+    width = max(4.5, 0.55 * frame[x].nunique() * per_slot + 2)
     fig, ax = plt.subplots(figsize=(min(width, 14), 3.8))
     sns.barplot(
         data=frame,
@@ -42,6 +45,7 @@ def grouped_bars(
         order=order,
         hue_order=hue_order,
         errorbar="sd",
+        dodge=dodge,
         capsize=0.1,
         err_kws={"linewidth": 1.0},
         ax=ax,
