@@ -53,6 +53,9 @@ class DataSource:
     """Loads each dataset once, from a profile's `data` value."""
 
     def __init__(self, data: str | None = "auto", synthetic_per_class: int = 12) -> None:
+        # "auto" also falls back to the default places (e.g. Fashion-MNIST's Debian folder)
+        # for a dataset the chosen folder does not hold.
+        self.auto = data in (None, "", "auto")
         self.data = resolve_data(data)
         self.synthetic_per_class = synthetic_per_class
         self._loaded: dict[str, ImageDataset] = {}
@@ -66,7 +69,12 @@ class DataSource:
             if self.synthetic:
                 self._loaded[name] = synthetic_dataset(name, per_class=self.synthetic_per_class)
             else:
-                self._loaded[name] = load_dataset(name, self.data, download=False)
+                try:
+                    self._loaded[name] = load_dataset(name, self.data, download=False)
+                except DatasetNotFoundError:
+                    if not (self.auto and self.data is not None):
+                        raise
+                    self._loaded[name] = load_dataset(name, None, download=False)
         return self._loaded[name]
 
     def missing_reason(self, name: str) -> str | None:

@@ -95,7 +95,7 @@ class ResultsWriter:
         base = self.root / "tables" / name
         marked = table.copy()
         if bold is not None:
-            marked = marked.astype(object).mask(bold, marked.astype(str) + " *")
+            marked = marked.astype(object).mask(bold, marked.map(str) + " *")
         footer = f"\n\n{caption}\n\nProfile `{self.profile}`; runs: {len(set(runs))}."
         if notes:
             footer += f" {notes}"

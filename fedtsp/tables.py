@@ -87,7 +87,7 @@ def _tex_escape(text: str) -> str:
 def to_latex(table: pd.DataFrame, bold: pd.DataFrame | None = None, caption: str = "") -> str:
     """A booktabs LaTeX table; cells marked in `bold` are \\textbf."""
     cols = [_tex_escape(str(c)) for c in table.columns]
-    escaped = table.astype(str).map(_tex_escape)
+    escaped = table.map(lambda value: _tex_escape(str(value)))
     body = [" & ".join(row) + r" \\" for row in _cells(escaped, bold, r"\textbf{{{}}}")]
     lines = [
         r"\begin{table}[t]",
