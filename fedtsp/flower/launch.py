@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedtsp.config import RunConfig
 from fedtsp.data import ImageDataset, load_dataset
 from fedtsp.flower.core import ClientFailureError, load_run, prepare_workdir
@@ -41,6 +43,9 @@ def flower_env() -> dict[str, str]:
     """The environment of every Flower process: telemetry off, thread count passed on."""
     env = dict(os.environ)
     env["FLWR_TELEMETRY_ENABLED"] = "0"
+    # The same intra-op thread count as this process: float reductions then run in the same
+    # order on every node, so results equal the in-process simulator's to the last bit.
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     return env
 
 
