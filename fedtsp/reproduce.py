@@ -106,8 +106,10 @@ def reproduce(
 
     specs, source = collect_runs(profile, notebooks, results_root)
     runs_error = ""
+    run_keys: set[str] = set()
     try:
-        run_all(specs, source, results_root / profile.name / "runs", workers, progress)
+        records = run_all(specs, source, results_root / profile.name / "runs", workers, progress)
+        run_keys = {rec["key"] for rec in records}
     except RunsFailed as exc:  # the notebooks then report which of their runs are missing
         runs_error = str(exc)
         print(runs_error)
@@ -132,7 +134,7 @@ def reproduce(
         "profile": profile.name,
         "seconds": round(total, 1),
         "runs_seconds": round(runs_seconds, 1),
-        "runs": len({id(s) for s in specs}),
+        "runs": len(run_keys),
         "notebooks": {r.notebook: {"ok": r.ok, "seconds": round(r.seconds, 1)} for r in results},
         "runs_error": runs_error,
     }
