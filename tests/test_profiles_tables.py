@@ -127,3 +127,15 @@ def test_results_writer_records_provenance_and_index(tmp_path):
     index = write_index(tmp_path).read_text()
     assert "## Profile `cpu`" in index and "about the scale" in index
     assert "| Table 1 | t1 | `03_main_table` |" in index
+
+
+def test_auto_data_falls_back_to_default_places_per_dataset(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    if not Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz").exists():
+        pytest.skip("Debian dataset-fashion-mnist is not installed")
+    monkeypatch.setenv("FEDTSP_DATA", str(tmp_path))  # a folder without Fashion-MNIST
+    auto = DataSource("auto")
+    assert auto.get("fmnist").train_images.shape[1:] == (1, 28, 28)
+    explicit = DataSource(str(tmp_path))  # an explicit path never falls back
+    assert explicit.missing_reason("fmnist").startswith("fmnist skipped: no offline copy")
