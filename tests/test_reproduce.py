@@ -89,7 +89,8 @@ def test_smoke_reproduction_writes_every_artefact(smoke):
     out = root / "results" / "smoke"
     for rel, rows in EXPECTED.items():
         path = out / rel
-        assert path.is_file() and path.stat().st_size > 100, rel
+        # A one-column table of three rows is ~80 bytes; a rendered figure is many kB.
+        assert path.is_file() and path.stat().st_size > (40 if rel.endswith(".csv") else 5000), rel
         if rows is not None:
             first = pd.read_csv(path).iloc[:, 0].astype(str).str.rstrip(" *").tolist()
             assert set(rows) <= set(first), (rel, first)
