@@ -8,7 +8,6 @@ runs side by side are much faster than one run with two threads).
 
 from __future__ import annotations
 
-import logging
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -26,8 +25,6 @@ from fedtsp.data import DatasetNotFoundError, ImageDataset, load_dataset, synthe
 from fedtsp.profiles import REPO_ROOT, method_specs
 from fedtsp.results import RunStore
 from fedtsp.simulation import run_experiment, run_key
-
-log = logging.getLogger(__name__)
 
 
 class RunsFailed(RuntimeError):
