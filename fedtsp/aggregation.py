@@ -10,6 +10,12 @@ from torch import Tensor
 WEIGHTINGS = ("samples", "uniform")
 
 
+def check_weighting(weighting: str) -> None:
+    """Raise ValueError unless ``weighting`` is one of WEIGHTINGS (an option every averaging method has)."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting={weighting!r} is invalid; choose one of {WEIGHTINGS}")
+
+
 def aggregate_prototypes(
     prototypes: Sequence[Tensor], counts: Sequence[Tensor], weighting: str = "samples"
 ) -> tuple[Tensor, Tensor]:
@@ -21,8 +27,7 @@ def aggregate_prototypes(
     client holding the class equal weight (the HtFLlib code). Returns the (C, d) global
     prototypes and a (C,) bool mask of the classes some client holds (other rows are 0).
     """
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting={weighting!r} is invalid; choose one of {WEIGHTINGS}")
+    check_weighting(weighting)
     protos = torch.stack([p.float() for p in prototypes])  # (N, C, d)
     cnt = torch.stack([c.float() for c in counts]).to(protos.device)  # (N, C)
     weights = cnt if weighting == "samples" else (cnt > 0).float()
@@ -32,10 +37,26 @@ def aggregate_prototypes(
     return summed / total.clamp(min=1e-12).unsqueeze(-1), present
 
 
+def unweighted_class_means(
+    uploads: Sequence[Mapping[str, Tensor]], num_classes: int, device: torch.device | str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Stack uploads of the held classes' prototypes and average them per class, unweighted.
+
+    Each upload holds ``protos`` (one row per class the client holds) and ``present`` (its
+    (C,) bool mask); no counts are sent, so every holder of a class counts once. Returns the
+    stacked prototypes, their labels, the (C, d) class means (0 for unheld classes) and the
+    (C,) number of clients holding each class.
+    """
+    protos = torch.cat([u["protos"].to(device).float() for u in uploads])
+    labels = torch.cat([u["present"].to(device).nonzero().squeeze(1) for u in uploads])
+    sums = torch.zeros(num_classes, protos.shape[1], device=device).index_add_(0, labels, protos)
+    held = torch.bincount(labels, minlength=num_classes)
+    return protos, labels, sums / held.clamp(min=1).unsqueeze(1), held
+
+
 def normalized_weights(sizes: Sequence[Tensor | int], weighting: str = "samples") -> Tensor:
     """FedAvg weights summing to 1: proportional to client sizes, or equal (``uniform``)."""
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting={weighting!r} is invalid; choose one of {WEIGHTINGS}")
+    check_weighting(weighting)
     if weighting == "samples":
         counts = torch.tensor([float(n) for n in sizes], dtype=torch.float64)
     else:

@@ -13,6 +13,18 @@ from typing import Any
 from fedtsp.experiments import DataSource, RunSpec, method_config
 
 
+def _per_seed(
+    params: dict[str, Any], method: str, labels: dict[str, Any], **fields: Any
+) -> list[RunSpec]:
+    """Method label `method` on the notebook's base config, once per seed of `params["seeds"]`."""
+    seeds = fields.pop("seeds", params["seeds"])
+    configs = [
+        method_config(params["base"], method, params.get("method_options"), seed=s, **fields)
+        for s in seeds
+    ]
+    return [RunSpec(config, dict(labels)) for config in configs]
+
+
 def _grid(
     params: dict[str, Any],
     datasets: list[str],
@@ -22,21 +34,14 @@ def _grid(
     **fields: Any,
 ) -> list[RunSpec]:
     specs = []
+    family = fields.get("family", params["base"]["family"])
     for dataset in datasets:
         for alpha in alphas:
             for method in methods:
-                for seed in seeds:
-                    config = method_config(
-                        params["base"],
-                        method,
-                        params.get("method_options"),
-                        dataset=dataset,
-                        alpha=alpha,
-                        seed=seed,
-                        **fields,
-                    )
-                    labels = {"dataset": dataset, "alpha": alpha, "method": method}
-                    specs.append(RunSpec(config, labels | {"family": config.family}))
+                labels = {"dataset": dataset, "alpha": alpha, "method": method, "family": family}
+                specs += _per_seed(
+                    params, method, labels, seeds=seeds, dataset=dataset, alpha=alpha, **fields
+                )
     return specs
 
 
@@ -75,55 +80,41 @@ LOCAL_ROW = "(1) local only"
 
 def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     """Table 2 (rows x text encoders) and Fig. 5 left (prompt variants x datasets)."""
-    dataset, alpha, seeds = params["dataset"], params["alpha"], params["seeds"]
+    dataset, alpha = params["dataset"], params["alpha"]
     specs = []
     if dataset in source.split([dataset])[0]:
-        for seed in seeds:
-            config = method_config(
-                params["base"],
-                "Local",
-                params.get("method_options"),
-                dataset=dataset,
-                alpha=alpha,
-                seed=seed,
-            )
-            for encoder in params["text_encoders"]:
-                labels = {"part": "table2", "row": LOCAL_ROW, "text_encoder": encoder}
-                specs.append(RunSpec(config, labels | {"dataset": dataset}))
         for encoder in params["text_encoders"]:
+            labels = {"part": "table2", "text_encoder": encoder, "dataset": dataset}
+            # Row 1 does not depend on the encoder: the same Local runs stand in every block.
+            specs += _per_seed(
+                params, "Local", labels | {"row": LOCAL_ROW}, dataset=dataset, alpha=alpha
+            )
             for row, prompts, trainable in ABLATION_ROWS:
-                for seed in seeds:
-                    options = {
-                        "text_encoder": encoder,
-                        "prompts": prompts,
-                        "trainable_prompts": trainable,
-                    }
-                    config = method_config(
-                        params["base"],
-                        "FedTSP-MiniLM",
-                        params.get("method_options"),
-                        dataset=dataset,
-                        alpha=alpha,
-                        seed=seed,
-                        algo_options=options,
-                    )
-                    labels = {"part": "table2", "row": row, "text_encoder": encoder}
-                    specs.append(RunSpec(config, labels | {"dataset": dataset}))
+                options = {
+                    "text_encoder": encoder,
+                    "prompts": prompts,
+                    "trainable_prompts": trainable,
+                }
+                specs += _per_seed(
+                    params,
+                    "FedTSP-MiniLM",
+                    labels | {"row": row},
+                    dataset=dataset,
+                    alpha=alpha,
+                    algo_options=options,
+                )
     datasets, _ = source.split(params["prompt_datasets"])
     for ds in datasets:
         for variant in params["prompt_variants"]:
-            for seed in seeds:
-                config = method_config(
-                    params["base"],
-                    "FedTSP-MiniLM",
-                    params.get("method_options"),
-                    dataset=ds,
-                    alpha=alpha,
-                    seed=seed,
-                    algo_options={"prompts": variant},
-                )
-                labels = {"part": "fig5", "dataset": ds, "prompts": variant}
-                specs.append(RunSpec(config, labels))
+            labels = {"part": "fig5", "dataset": ds, "prompts": variant}
+            specs += _per_seed(
+                params,
+                "FedTSP-MiniLM",
+                labels,
+                dataset=ds,
+                alpha=alpha,
+                algo_options={"prompts": variant},
+            )
     return specs
 
 
@@ -138,17 +129,15 @@ def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                 if desc in ("short", "long")
                 else {"prompts": "long", "description_set": desc}
             )
-            for seed in params["seeds"]:
-                config = method_config(
-                    params["base"],
-                    "FedTSP-MiniLM",
-                    params.get("method_options"),
-                    dataset=ds,
-                    alpha=params["alpha"],
-                    seed=seed,
-                    algo_options=options,
-                )
-                specs.append(RunSpec(config, {"dataset": ds, "description_set": desc}))
+            labels = {"dataset": ds, "description_set": desc}
+            specs += _per_seed(
+                params,
+                "FedTSP-MiniLM",
+                labels,
+                dataset=ds,
+                alpha=params["alpha"],
+                algo_options=options,
+            )
     return specs
 
 
@@ -159,26 +148,22 @@ def differential_privacy(params: dict[str, Any], source: DataSource) -> list[Run
         return []
     specs = []
     for epsilon in [None, *params["epsilons"]]:
-        options = (
-            {}
-            if epsilon is None
-            else {
+        options = {}
+        if epsilon is not None:
+            options = {
                 "dp_epsilon": float(epsilon),
                 "dp_delta": params["dp_delta"],
                 "dp_clip": params["dp_clip"],
             }
+        labels = {"dataset": dataset, "epsilon": epsilon}
+        specs += _per_seed(
+            params,
+            "FedTSP-MiniLM",
+            labels,
+            dataset=dataset,
+            alpha=params["alpha"],
+            algo_options=options,
         )
-        for seed in params["seeds"]:
-            config = method_config(
-                params["base"],
-                "FedTSP-MiniLM",
-                params.get("method_options"),
-                dataset=dataset,
-                alpha=params["alpha"],
-                seed=seed,
-                algo_options=options,
-            )
-            specs.append(RunSpec(config, {"dataset": dataset, "epsilon": epsilon}))
     return specs
 
 
@@ -190,19 +175,15 @@ def homogeneous(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     specs = []
     for block, key in (("GFL", "gfl_methods"), ("PFL", "pfl_methods")):
         for method in params[key]:
-            for seed in params["seeds"]:
-                config = method_config(
-                    params["base"],
-                    method,
-                    params.get("method_options"),
-                    dataset=dataset,
-                    alpha=params["alpha"],
-                    seed=seed,
-                    family=params["family"],
-                )
-                specs.append(
-                    RunSpec(config, {"dataset": dataset, "block": block, "method": method})
-                )
+            labels = {"dataset": dataset, "block": block, "method": method}
+            specs += _per_seed(
+                params,
+                method,
+                labels,
+                dataset=dataset,
+                alpha=params["alpha"],
+                family=params["family"],
+            )
     return specs
 
 

@@ -252,7 +252,7 @@ def test_fedpcl_predicts_the_nearest_global_prototype(tiny_data):
     client, algo = run.clients[0], run.algorithm
     x = client.test_x[:32]
     feats = torch.nn.functional.normalize(client.model.features(x), dim=1)
-    protos = torch.nn.functional.normalize(client.state["global_protos"], dim=1)
+    protos = torch.nn.functional.normalize(client.state["protos"], dim=1)
     nearest = (feats @ protos.T).argmax(1)
     assert torch.equal(algo.predict(client, x).argmax(1), nearest)
     assert float(algo.train_loss(client, x, client.test_y[:32])) > 0

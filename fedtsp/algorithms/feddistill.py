@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.aggregation import aggregate_prototypes, check_weighting
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client
 
@@ -43,8 +43,7 @@ class FedDistillOptions:
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_weighting(self.weighting)
         if self.distill_loss not in DISTILL_LOSSES:
             raise ValueError(
                 f"distill_loss={self.distill_loss!r} is invalid; choose one of "

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedtsp.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client
 
@@ -75,20 +76,17 @@ class FedGH(Algorithm):
         return float(F.cross_entropy(logits, labels)), acc
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        device, num_classes = self.ctx.device, self.ctx.num_classes
-        protos = torch.cat([u["protos"].to(device).float() for u in uploads])
-        labels = torch.cat([u["present"].to(device).nonzero().squeeze(1) for u in uploads])
-        sums = torch.zeros(num_classes, protos.shape[1], device=device).index_add_(
-            0, labels, protos
+        protos, labels, self.class_means, _ = unweighted_class_means(
+            uploads, self.ctx.num_classes, self.ctx.device
         )
-        held = torch.bincount(labels, minlength=num_classes)
-        self.class_means = sums / held.clamp(min=1).unsqueeze(1)
 
         loss_before, acc_before = self._fit(protos, labels)
         # Plain SGD keeps no state, so a fresh optimiser per round is exact on resume.
         optimizer = torch.optim.SGD(self.head.parameters(), lr=self.opts.server_lr)
         for _ in range(self.opts.server_epochs):
-            for idx in torch.randperm(labels.shape[0]).to(device).split(self.opts.server_batch):
+            for idx in (
+                torch.randperm(labels.shape[0]).to(labels.device).split(self.opts.server_batch)
+            ):
                 loss = F.cross_entropy(self.head(protos[idx]), labels[idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -39,12 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import WEIGHTINGS, fedavg
+from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
-    KL_REDUCTIONS,
     SAMPLES_KEY,
     attach_shared_models,
+    check_kl_reduction,
     check_shared_arch,
     class_mean_features,
     client_weights,
@@ -136,12 +136,8 @@ class FedKDOptions:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"{name}={value} is invalid; must be in (0, 1]")
-        if self.kl_reduction not in KL_REDUCTIONS:
-            raise ValueError(
-                f"kl_reduction={self.kl_reduction!r} is invalid; choose {KL_REDUCTIONS}"
-            )
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_kl_reduction(self.kl_reduction)
+        check_weighting(self.weighting)
         check_shared_arch(self.shared_arch)
 
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import WEIGHTINGS, fedavg
+from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
     attach_shared_models,
@@ -62,8 +62,7 @@ class FedMRLOptions:
     def validate(self) -> None:
         if isinstance(self.sub_dim, bool) or not isinstance(self.sub_dim, int) or self.sub_dim < 1:
             raise ValueError(f"sub_dim={self.sub_dim!r} is invalid; must be a positive integer")
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_weighting(self.weighting)
         check_shared_arch(self.shared_arch)
 
 

@@ -24,18 +24,21 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.aggregation import check_weighting
+from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.fedproto import FedProto
 from fedtsp.clients import Client
 
 
 @dataclass
 class FedPCLOptions:
     tau: float = option(0.07, "temperature of the prototype-wise contrastive loss")
+    weighting: str = option("samples", "prototype average: samples (paper) or uniform")
 
     def validate(self) -> None:
         if not self.tau > 0:
             raise ValueError(f"tau={self.tau} is invalid; must be > 0")
+        check_weighting(self.weighting)
 
 
 def prototype_logits(feats: Tensor, protos: Tensor, present: Tensor, tau: float) -> Tensor:
@@ -45,18 +48,23 @@ def prototype_logits(feats: Tensor, protos: Tensor, present: Tensor, tau: float)
 
 
 @register
-class FedPCL(Algorithm):
+class FedPCL(FedProto):
+    """FedProto's server (class-wise prototype average) with FedPCL's contrastive client side."""
+
     name = "fedpcl"
     Options = FedPCLOptions
     settings = ("pfl",)
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         feats = client.model.features(x)
-        if "global_protos" not in client.state:
+        if "protos" not in client.state:
             return F.cross_entropy(client.model.head(feats), y)
-        tau, loss = self.opts.tau, feats.new_zeros(())
-        for key in ("global", "local"):
-            protos, present = client.state[f"{key}_protos"], client.state[f"{key}_present"]
+        tau, loss, state = self.opts.tau, feats.new_zeros(()), client.state
+        global_and_own = (
+            (state["protos"], state["present"]),
+            (state["local_protos"], state["local_present"]),
+        )
+        for protos, present in global_and_own:
             known = present[y]  # a class without a prototype cannot be a target
             if bool(known.any()):
                 logits = prototype_logits(feats[known], protos, present, tau)
@@ -64,34 +72,16 @@ class FedPCL(Algorithm):
         return loss
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        if "global_protos" not in client.state:
+        if "protos" not in client.state:
             return client.model(x)
-        protos, present = client.state["global_protos"], client.state["global_present"]
+        protos, present = client.state["protos"], client.state["present"]
         # Finite logits for the evaluation's loss: absent classes get a very low score.
         return prototype_logits(client.model.features(x), protos, present, 1.0).clamp(min=-1e4)
 
     def upload(self, client: Client) -> Message:
-        means, counts = client.class_prototypes()
-        client.state["local_protos"], client.state["local_present"] = means, counts > 0
-        return {"protos": means, "counts": counts}
-
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        protos, present = aggregate_prototypes(
-            [u["protos"] for u in uploads], [u["counts"] for u in uploads], "samples"
+        message = super().upload(client)
+        client.state["local_protos"], client.state["local_present"] = (
+            message["protos"],
+            message["counts"] > 0,
         )
-        self.global_protos = protos
-        return {"protos": protos, "present": present}
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        client.state["global_protos"] = broadcast["protos"].to(client.device)
-        client.state["global_present"] = broadcast["present"].to(client.device)
-
-    def artifacts(self) -> dict[str, Tensor]:
-        protos = getattr(self, "global_protos", None)
-        return {} if protos is None else {"global_prototypes": protos}
-
-    def state_dict(self) -> dict:
-        return {"global_protos": getattr(self, "global_protos", None)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.global_protos = state["global_protos"]
+        return message

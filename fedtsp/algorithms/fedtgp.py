@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedtsp.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client
 
@@ -110,15 +111,9 @@ class FedTGP(Algorithm):
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        device, num_classes = self.ctx.device, self.ctx.num_classes
-        protos = torch.cat([u["protos"].to(device).float() for u in uploads])
-        labels = torch.cat([u["present"].to(device).nonzero().squeeze(1) for u in uploads])
-        # Unweighted mean over the clients that uploaded each class (no counts are sent).
-        sums = torch.zeros(num_classes, protos.shape[1], device=device).index_add_(
-            0, labels, protos
+        protos, labels, means, held = unweighted_class_means(
+            uploads, self.ctx.num_classes, self.ctx.device
         )
-        held = torch.bincount(labels, minlength=num_classes)
-        means = sums / held.clamp(min=1).unsqueeze(1)
         self.margin = adaptive_margin(means, held > 0, self.opts.margin_cap)
 
         # Plain SGD keeps no state, so a fresh optimiser per round is exact on resume.
@@ -127,9 +122,11 @@ class FedTGP(Algorithm):
         epoch_losses = []
         for _ in range(self.opts.server_epochs):
             total, seen = 0.0, 0
-            for idx in torch.randperm(labels.shape[0]).to(device).split(self.opts.server_batch):
+            for idx in (
+                torch.randperm(labels.shape[0]).to(labels.device).split(self.opts.server_batch)
+            ):
                 dist = _euclidean(protos[idx], self.generator())
-                dist = dist + self.margin * F.one_hot(labels[idx], num_classes)
+                dist = dist + self.margin * F.one_hot(labels[idx], self.ctx.num_classes)
                 loss = F.cross_entropy(-dist, labels[idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.aggregation import aggregate_prototypes, check_weighting
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.fedavg import (
     average_model_messages,
@@ -106,8 +106,7 @@ class FedTSPOptions:
                 f"prompt_position={self.prompt_position!r} is invalid; "
                 "choose replace_first or after_start"
             )
-        if self.weighting not in WEIGHTINGS:
-            raise ValueError(f"weighting={self.weighting!r} is invalid; choose {WEIGHTINGS}")
+        check_weighting(self.weighting)
         if self.prompts not in PROMPT_VARIANTS:
             raise ValueError(
                 f"prompts={self.prompts!r} is invalid; choose one of {', '.join(PROMPT_VARIANTS)}"

@@ -41,6 +41,12 @@ SAMPLES_KEY = "num_samples"
 
 
 # ---- the shared model ------------------------------------------------------------------
+def check_kl_reduction(value: str) -> None:
+    """Raise ValueError unless ``value`` is one of KL_REDUCTIONS."""
+    if value not in KL_REDUCTIONS:
+        raise ValueError(f"kl_reduction={value!r} is invalid; choose {KL_REDUCTIONS}")
+
+
 def check_shared_arch(value: str) -> None:
     """Raise ValueError unless ``value`` is ``"first"`` or a registered architecture."""
     if value != FAMILY_FIRST and value not in ARCHITECTURES:
