@@ -3,12 +3,16 @@
     python benchmarks/bench.py                      # both parts, markdown tables
     python benchmarks/bench.py --part models --families htfe-cpu htfe2
     python benchmarks/bench.py --part round --data ../shared/data/cifar10-jpg.tar.gz
+    python benchmarks/bench.py --part engines --data ../shared/data/cifar10-jpg.tar.gz
 
 Part "models": training images/s of every architecture of the chosen families (batch 100,
 32x32, forward + backward + SGD step, fp32, the machine's default thread count).
 Part "round": one 20-client CIFAR-10 round of the real simulator, split into its phases;
 the overhead is the round's wall time minus the time spent inside model forward /
 backward / optimiser calls and the server step.
+Part "engines": the same small CIFAR-10 run (one thread per process) on the in-process
+simulator, on Flower's simulation engine and as Flower processes on 127.0.0.1: wall time
+and the largest per-round accuracy difference from the simulator (needs fedtsp[flower]).
 """
 
 from __future__ import annotations
@@ -89,9 +93,59 @@ def bench_round(
     )
 
 
+ENGINES = ("simulator", "flower-sim", "flower-processes")
+
+
+def bench_engines(
+    data: str | None, family: str, algorithms: list[str], clients: int, rounds: int
+) -> None:
+    from fedtsp.data import load_dataset
+    from fedtsp.flower.launch import run_flower
+
+    torch.set_num_threads(1)  # every Flower process then gets one thread too (flower_env)
+    dataset = load_dataset("cifar10", data)
+    print(
+        f"\n### Engines: CIFAR-10 Dir(0.1), {clients} clients, fraction 0.1, {family}, "
+        f"{rounds} rounds x 1 local epoch, seed 0, one thread per process\n"
+    )
+    print(
+        "| algorithm | engine | wall (s) | s / round | best acc (%) | max abs diff per round vs simulator (points) |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
+    for algorithm in algorithms:
+        config = RunConfig(
+            dataset="cifar10",
+            alpha=0.1,
+            num_clients=clients,
+            fraction=0.1,
+            family=family,
+            algorithm=algorithm,
+            rounds=rounds,
+            local_epochs=1,
+            global_eval_every=0,
+        )
+        reference = None
+        for engine in ENGINES:
+            with tempfile.TemporaryDirectory() as out:
+                start = time.perf_counter()
+                if engine == "simulator":
+                    record = run_experiment(config, dataset=dataset, out=out, progress=False)
+                else:
+                    record = run_flower(config, engine=engine, dataset=dataset, out=out)
+                wall = time.perf_counter() - start
+            accs = [row["acc"] for row in record["history"]]
+            reference = reference or accs
+            diff = max(abs(a - b) for a, b in zip(accs, reference, strict=True)) * 100
+            print(
+                f"| {algorithm} | {engine} | {wall:.1f} | {wall / rounds:.2f} | "
+                f"{record['summary']['best_acc'] * 100:.2f} | {diff:.2f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["models", "round", "all"], default="all")
+    parser.add_argument("--part", choices=["models", "round", "engines", "all"], default="all")
     parser.add_argument(
         "--families", nargs="+", default=["htfe-cpu", "htfe2", "htfe3", "htfe4", "htfe8", "htfe9"]
     )
@@ -102,12 +156,19 @@ def main() -> None:
     parser.add_argument("--fraction", type=float, default=0.25)
     parser.add_argument("--algorithm", default="fedtsp")
     parser.add_argument("--local-epochs", type=int, default=5)
+    parser.add_argument("--engine-algorithms", nargs="+", default=["fedproto", "fedtsp"])
+    parser.add_argument("--engine-clients", type=int, default=5)
+    parser.add_argument("--engine-rounds", type=int, default=10)
     args = parser.parse_args()
     print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}")
     if args.part in ("models", "all"):
         bench_models(args.families, args.batch, args.seconds)
     if args.part in ("round", "all"):
         bench_round(args.data, args.family, args.fraction, args.algorithm, args.local_epochs)
+    if args.part == "engines":  # not in "all": needs the Flower extra and starts processes
+        bench_engines(
+            args.data, args.family, args.engine_algorithms, args.engine_clients, args.engine_rounds
+        )
 
 
 if __name__ == "__main__":

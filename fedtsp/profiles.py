@@ -78,6 +78,14 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         raise ConfigError(f"profile {name!r} in {path} lacks the field {exc.args[0]!r}") from None
     known = method_specs(path)
     for notebook, params in profile.notebooks.items():
+        # A notebook's own `base` fields go on top of the profile's (one notebook, e.g.
+        # Table 3, may need more local training than the rest).
+        if "base" in params:
+            params["base"] = {**base, **params["base"]}
+            try:
+                RunConfig.from_dict({**params["base"], "device": "cpu"}).validate()
+            except ConfigError as exc:
+                raise ConfigError(f"profile {name!r}, notebook {notebook}: base: {exc}") from None
         for key in ("methods", "hetero_methods"):
             unknown = [m for m in params.get(key, []) if m not in known]
             if unknown:
@@ -108,7 +116,7 @@ def notebook_parameters(
         "workers": prof.workers,
         "synthetic_per_class": prof.synthetic_per_class,
         "seeds": list(prof.seeds),
-        "base": dict(prof.base),
+        "base": dict(prof.base),  # replaced by the notebook's merged base where it has one
         "method_options": dict(prof.extra.get("method_options", {})),
         "store": str(Path(results_root).resolve() / prof.name / "runs"),
         "results_dir": str(Path(results_root).resolve() / prof.name),

@@ -45,6 +45,25 @@ def test_notebook_parameters_point_into_the_results_root(tmp_path):
     json.dumps(params)  # papermill needs JSON-serialisable values
 
 
+def test_a_notebooks_base_is_merged_onto_the_profiles(tmp_path):
+    table3 = notebook_parameters("cpu", "07_homogeneous")["base"]
+    table1 = notebook_parameters("cpu", "03_main_table")["base"]
+    assert (table3["local_epochs"], table3["lr"], table1["local_epochs"], table1["lr"]) == (
+        2,
+        0.05,
+        1,
+        0.01,
+    )
+    assert table3["num_clients"] == table1["num_clients"] == 20  # the rest is the profile's
+    bad = tmp_path / "profiles.toml"
+    bad.write_text(
+        '[methods]\nLocal = { algorithm = "local" }\n[p]\nabout = "x"\ndata = "synthetic"\n'
+        "seeds = [0]\n[p.base]\nrounds = 2\n[p.notebooks.07_x]\nbase = { lr = -1.0 }\n"
+    )
+    with pytest.raises(ConfigError, match="notebook 07_x: base: lr=-1.0 is invalid"):
+        load_profile("p", bad)
+
+
 def test_method_config_drops_default_options_so_equal_runs_share_a_key():
     base = {"num_clients": 4, "family": "htfe-cpu", "rounds": 2}
     spelled_out = method_config(
