@@ -205,13 +205,22 @@ def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
     assert torch.equal(algo._ft_heads[client.index][0], weight)
 
 
-def test_fedetf_per_starts_from_the_scaled_etf(tiny_data):
-    run = started(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
+def test_fedetf_per_starts_from_the_scaled_etf_plus_the_log_prior(tiny_data):
+    options = {"ft_epochs": 0, "prior_bias": False}
+    run = started(homo_config("fedetf-per", "pfl", algo_options=options), tiny_data)
     client = run.clients[0]
     run.algorithm.prepare_evaluation(client, round_index=0)
     x = client.test_x[:16]
-    # With no fine-tuning epochs the personal head is the global ETF classifier itself.
+    # With no fine-tuning epochs the personal head is the global ETF classifier itself...
     assert torch.allclose(run.algorithm.predict(client, x), client.model(x), atol=1e-5)
+    # ... plus the client's log class prior by default (the balanced loss's correction).
+    run = started(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
+    client = run.clients[0]
+    run.algorithm.prepare_evaluation(client, round_index=0)
+    shift = run.algorithm.predict(client, x) - client.model(x)
+    prior = client.state["log_prior"]
+    assert torch.allclose(shift, prior.expand_as(shift), atol=1e-4)
+    assert float(prior.max() - prior.min()) > 1.0  # a real shift: the tiny clients are skewed
 
 
 def test_pfl_record_reports_the_accuracy_after_finetuning(tmp_path, tiny_data):
