@@ -153,8 +153,19 @@ def test_fedfa_anchors_follow_the_class_means_with_momentum(tiny_data):
     algo.receive(run.clients[0], broadcast)
     c = run.clients[0]
     x, y = c.train_x[:8], c.train_y[:8]
-    ce_only = torch.nn.functional.cross_entropy(c.model(x), y)
-    assert float(algo.train_loss(c, x, y).detach()) > float(ce_only.detach()) + 1.0  # anchors on
+    F = torch.nn.functional
+    with torch.no_grad():
+        feats = c.model.features(x)
+        ce_only = F.cross_entropy(c.model.head(feats), y)
+        # The authors' normalisation: per class in the batch the mean squared distance to its
+        # anchor (all anchors are 5.0 here), summed, divided by C = 10, times lam = 0.1.
+        known = y < 9
+        dist = (feats[known] - 5.0).pow(2).sum(1)
+        anchor = sum(float(dist[y[known] == k].mean()) for k in y[known].unique()) / 10
+        calibration = F.cross_entropy(c.model.head(torch.full((9, d), 5.0)), torch.arange(9))
+        expected = float(ce_only) + 0.1 * anchor + float(calibration)
+        assert float(algo.train_loss(c, x, y)) == pytest.approx(expected, rel=1e-4)
+        assert 0.1 * anchor > 1e-3  # the anchor term is there
 
 
 # ---- records: GFL and PFL numbers ------------------------------------------------------------
