@@ -54,7 +54,8 @@ class ResultsWriter:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     def _record(self, kind: str, name: str, files: list[Path], target: str, runs, notes: str):
-        self.entries = [e for e in self.entries if e["name"] != name]
+        # A table and a figure may share a name; rewriting the same one replaces its entry.
+        self.entries = [e for e in self.entries if (e["kind"], e["name"]) != (kind, name)]
         self.entries.append(
             {
                 "kind": kind,

@@ -137,11 +137,17 @@ def test_results_writer_records_provenance_and_index(tmp_path):
     fig, ax = plt.subplots()
     ax.plot(np.arange(3))
     writer.figure(fig, "f3", "Fig. 3", runs=["k1"])
+    fig, ax = plt.subplots()
+    writer.figure(fig, "t1", "Table 1", runs=["k1"])  # a figure named like a table: both kept
     csv = (tmp_path / "cpu" / "tables" / "t1.csv").read_text()
     assert "2.00 ± 0.00 *" in csv and "1.00 ± 0.00 *" not in csv
     assert (tmp_path / "cpu" / "figures" / "f3.pdf").stat().st_size > 1000
     manifest = json.loads((tmp_path / "cpu" / "manifest" / "03_main_table.json").read_text())
-    assert [e["name"] for e in manifest["artefacts"]] == ["t1", "f3"]
+    assert [(e["kind"], e["name"]) for e in manifest["artefacts"]] == [
+        ("table", "t1"),
+        ("figure", "f3"),
+        ("figure", "t1"),
+    ]
     assert manifest["artefacts"][0]["runs"] == ["k1", "k2"]
     index = write_index(tmp_path).read_text()
     assert "## Profile `cpu`" in index and "about the scale" in index
