@@ -34,14 +34,15 @@ def _grid(
     **fields: Any,
 ) -> list[RunSpec]:
     specs = []
-    family = fields.get("family", params["base"]["family"])
     for dataset in datasets:
         for alpha in alphas:
             for method in methods:
-                labels = {"dataset": dataset, "alpha": alpha, "method": method, "family": family}
+                labels = {"dataset": dataset, "alpha": alpha, "method": method}
                 specs += _per_seed(
                     params, method, labels, seeds=seeds, dataset=dataset, alpha=alpha, **fields
                 )
+    for spec in specs:
+        spec.labels["family"] = spec.config.family
     return specs
 
 
