@@ -14,13 +14,17 @@ from fedtsp.experiments import DataSource, RunSpec, method_config
 
 
 def _per_seed(
-    params: dict[str, Any], method: str, labels: dict[str, Any], **fields: Any
+    params: dict[str, Any],
+    method: str,
+    labels: dict[str, Any],
+    *,
+    seeds: list[int] | None = None,
+    **fields: Any,
 ) -> list[RunSpec]:
-    """Method label `method` on the notebook's base config, once per seed of `params["seeds"]`."""
-    seeds = fields.pop("seeds", params["seeds"])
+    """Method label `method` on the notebook's base config, once per seed (default: `params`')."""
     configs = [
         method_config(params["base"], method, params.get("method_options"), seed=s, **fields)
-        for s in seeds
+        for s in (params["seeds"] if seeds is None else seeds)
     ]
     return [RunSpec(config, dict(labels)) for config in configs]
 
