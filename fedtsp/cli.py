@@ -76,6 +76,15 @@ def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None
     group.add_argument("--batch-size", type=int, default=defaults.batch_size)
 
 
+def _layout(value: str) -> bool | None:
+    """--layout value -> RunConfig.channels_last."""
+    from fedtsp.data import LAYOUTS
+
+    if value not in LAYOUTS:
+        raise argparse.ArgumentTypeError(f"choose one of {', '.join(LAYOUTS)}")
+    return LAYOUTS[value]
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = RunConfig()
     parser = argparse.ArgumentParser(
@@ -119,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     group.add_argument("--device", default=defaults.device, help="cpu or cuda[:i]")
     group.add_argument("--precision", default=defaults.precision, help="fp32 or bf16 (autocast)")
+    group.add_argument(
+        "--layout",
+        dest="channels_last",
+        type=_layout,
+        default=None,
+        metavar="{auto,channels-last,nchw}",
+        help="image memory layout (auto: channels-last on CPU, NCHW on CUDA)",
+    )
     group = run.add_argument_group("output")
     group.add_argument("--out", default="runs", help="run-store folder (default: ./runs)")
     group.add_argument(

@@ -20,7 +20,8 @@ PRECISIONS = ("fp32", "bf16")
 SETTINGS = ("htfl", "gfl", "pfl")
 # Fields added after the first run records: at these defaults they stay out of the run's
 # hash, so the records made before they existed keep their keys.
-_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"setting": "htfl"}
+# channels_last=False is how every record before the field was made (NCHW images).
+_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"setting": "htfl", "channels_last": False}
 
 
 class ConfigError(ValueError):
@@ -54,6 +55,8 @@ class RunConfig:
     # execution
     device: str = "cpu"
     precision: str = "fp32"
+    # Image memory layout: None picks the faster one for the device (fedtsp.data.device_images)
+    channels_last: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,6 +147,8 @@ class RunConfig:
 
             if not torch.cuda.is_available():
                 bad("device", self.device, "CUDA is not available on this machine; use cpu")
+        if self.channels_last is not None and not isinstance(self.channels_last, bool):
+            bad("channels_last", self.channels_last, "must be true, false or unset (auto)")
         if self.precision not in PRECISIONS:
             bad("precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
         return self

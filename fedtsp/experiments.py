@@ -133,7 +133,8 @@ def _run_one(config: RunConfig, data: str | None, per_class: int, store: str) ->
     )
 
 
-def _worker_init() -> None:
+def single_thread_worker() -> None:
+    """Initialiser of worker processes: one intra-op thread each (see the module docstring)."""
     import torch
 
     torch.set_num_threads(1)
@@ -171,7 +172,9 @@ def run_all(
                 bar.update(1)
         else:
             ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init) as pool:
+            with ProcessPoolExecutor(
+                workers, mp_context=ctx, initializer=single_thread_worker
+            ) as pool:
                 futures = {
                     pool.submit(
                         _run_one, config, source.data, source.synthetic_per_class, str(store)

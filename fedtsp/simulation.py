@@ -28,9 +28,9 @@ from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import (
     ImageDataset,
     Partition,
+    device_images,
     load_dataset,
     make_partition,
-    normalize,
     stratified_subsample,
 )
 from fedtsp.models.families import build_client_model
@@ -124,7 +124,7 @@ def prepare(
     autocast = _autocast_factory(config)
 
     def tensors(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x = normalize(torch.from_numpy(images[idx])).to(device)
+        x = device_images(images[idx], device, config.channels_last)
         return x, torch.from_numpy(labels[idx]).long().to(device)
 
     clients = []
@@ -163,7 +163,7 @@ def prepare(
     if config.global_eval_every > 0 or config.setting == "gfl":
         idx = global_test_indices(config, dataset)
         global_test = (
-            normalize(torch.from_numpy(dataset.test_images[idx])).to(device),
+            device_images(dataset.test_images[idx], device, config.channels_last),
             torch.from_numpy(dataset.test_labels[idx]).long().to(device),
         )
     return PreparedRun(config, key, dataset, partition, clients, algorithm, first, global_test)

@@ -191,7 +191,7 @@ BYTES = {  # (up, down) per client per round for C = 10, d = 512
 def test_methods_learn_and_count_their_messages(tmp_path, tiny_data, algorithm):
     config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
     record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
-    assert record["summary"]["best_acc"] > 0.6
+    assert record["summary"]["best_acc"] > 0.5  # chance: 0.1
     assert record["feature_dim"] == D
     row = record["history"][0]
     assert (row["bytes_up_per_client"], row["bytes_down_per_client"]) == BYTES[algorithm]

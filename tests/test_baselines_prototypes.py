@@ -11,7 +11,7 @@ from conftest import tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.alignfed import AlignFed
-from fedtsp.algorithms.fedtgp import FedTGP, adaptive_margin
+from fedtsp.algorithms.fedtgp import FedTGP, _euclidean, adaptive_margin
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
 from fedtsp.simulation import PHASES, _train_round, prepare, run_experiment
@@ -39,6 +39,21 @@ def _round(run, t: int) -> dict:
 
 
 # ---- FedTGP ------------------------------------------------------------------------------
+
+
+def test_fedtgp_distance_matrix_matches_the_direct_form_and_has_finite_gradients():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(7, 512, generator=gen) * 3
+    b = torch.randn(5, 512, generator=gen) * 3
+    direct = (a.unsqueeze(1) - b.unsqueeze(0)).pow(2).sum(-1).sqrt()
+    torch.testing.assert_close(_euclidean(a, b), direct, rtol=1e-5, atol=1e-4)
+    assert _euclidean(torch.tensor([[3.0, 4.0]]), torch.tensor([[0.0, 0.0]])).item() == 5.0
+    # A prototype on top of an upload: distance ~0 (clamped), gradient finite, not NaN.
+    b2 = b.clone().requires_grad_(True)
+    _euclidean(b.detach(), b2).sum().backward()
+    assert torch.isfinite(b2.grad).all()
+    # float32 cancellation in |b|^2 + |b|^2 - 2 b.b leaves a residue far below the norms.
+    assert _euclidean(b, b).diagonal().max() < 1e-3 * b.norm(dim=1).max()
 
 
 def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():

@@ -361,6 +361,13 @@ def test_benchmark_end_to_end(tmp_path):
     again = run_benchmark(spec, **kwargs)  # reuses every finished record
     assert again["cache_hit"].all()
     np.testing.assert_array_equal(again.best_acc.to_numpy(), df.best_acc.to_numpy())
+    # Two worker processes (one thread each): the same runs, keys and clusterings; the
+    # accuracies may differ by float rounding across thread counts only.
+    parallel = run_benchmark(spec, **(kwargs | {"out": tmp_path / "runs2"}), workers=2)
+    assert not parallel["cache_hit"].any() and len(list((tmp_path / "runs2").glob("*.json"))) == 8
+    assert parallel["key"].tolist() == df["key"].tolist()
+    assert [list(a) for a in parallel.assignment] == [list(a) for a in df.assignment]
+    np.testing.assert_allclose(parallel.best_acc.to_numpy(), df.best_acc.to_numpy(), atol=0.1)
 
 
 def test_benchmark_validates_before_loading_data(tmp_path):
@@ -376,6 +383,8 @@ def test_benchmark_validates_before_loading_data(tmp_path):
         run_benchmark("rotated-mnist", out=tmp_path)
     with pytest.raises(ValueError, match="fraction"):
         run_benchmark("mixed-domain", fraction=2.0, out=tmp_path)
+    with pytest.raises(ValueError, match="workers=0"):
+        run_benchmark("mixed-domain", workers=0, out=tmp_path)
 
 
 def test_cfl_splits_a_stalled_cluster_by_domain(tiny_population):

@@ -10,6 +10,7 @@ from conftest import tiny_config
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
 from fedtsp.clients import NonFiniteLossError
+from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
 from fedtsp.simulation import prepare, run_experiment
 
@@ -196,3 +197,23 @@ def test_fedtsp_uses_the_committed_description_sets(tiny_data, variant):
     prompts = run.algorithm.learner.prompts
     assert len(prompts) == 10 and all(len(p) == 3 for p in prompts)
     assert all(p.startswith("A photo of a ") for class_prompts in prompts for p in class_prompts)
+
+
+def test_images_are_channels_last_by_default_and_the_layout_is_part_of_the_key(tiny_data):
+    import hashlib
+
+    fast = prepare(tiny_config(global_eval_every=1), dataset=tiny_data)
+    plain = prepare(tiny_config(channels_last=False), dataset=tiny_data)
+    x, x_plain = fast.clients[0].train_x, plain.clients[0].train_x
+    assert x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    assert x_plain.is_contiguous()
+    assert torch.equal(x, x_plain)  # the same values, only the memory layout differs
+    assert fast.global_test[0].is_contiguous(memory_format=torch.channels_last)
+    assert fast.key != plain.key
+    # channels_last=False hashes as every config did before the field existed.
+    legacy = tiny_config(channels_last=False).to_dict()
+    del legacy["channels_last"], legacy["setting"]
+    blob = json.dumps({"config": legacy, "extra": {}}, sort_keys=True, default=str).encode()
+    assert tiny_config(channels_last=False).key() == hashlib.sha256(blob).hexdigest()[:16]
+    with pytest.raises(ConfigError, match="channels_last"):
+        tiny_config(channels_last="yes").validate()

@@ -2,12 +2,14 @@
 
 from fedtsp.data.datasets import (
     DATASETS,
+    LAYOUTS,
     DatasetFormatError,
     DatasetInfo,
     DatasetNotFoundError,
     ImageDataset,
     dataset_info,
     dataset_names,
+    device_images,
     load_dataset,
     normalize,
     semantic_groups,
@@ -28,6 +30,7 @@ from fedtsp.data.synthetic import synthetic_dataset
 
 __all__ = [
     "DATASETS",
+    "LAYOUTS",
     "ClientTensors",
     "DatasetFormatError",
     "DatasetInfo",
@@ -37,6 +40,7 @@ __all__ = [
     "PartitionError",
     "dataset_info",
     "dataset_names",
+    "device_images",
     "dirichlet_partition",
     "export_htfllib",
     "import_htfllib",

@@ -358,6 +358,29 @@ def normalize(images_uint8: torch.Tensor | np.ndarray) -> torch.Tensor:
     return (x.to(torch.float32).div(255.0) - 0.5) / 0.5
 
 
+# Names of the image memory layouts (CLI / benchmark) -> `device_images`'s channels_last.
+LAYOUTS: dict[str, bool | None] = {"auto": None, "channels-last": True, "nchw": False}
+
+
+def device_images(
+    images_uint8: torch.Tensor | np.ndarray,
+    device: torch.device | str,
+    channels_last: bool | None = None,
+) -> torch.Tensor:
+    """``normalize`` on ``device``, in the channels-last (NHWC) or the NCHW memory layout.
+
+    The values are the same in either layout; only float rounding inside the convolutions
+    differs. ``None`` picks the faster one measured with ``benchmarks/bench.py --part
+    models``: NHWC on CPU (every client model trains 1.3-2x faster), NCHW on CUDA (fp32 at
+    batch 100 on an H200, NHWC made most ResNets 10-35 % slower). Slicing or indexing a
+    batch out of the tensor keeps its layout.
+    """
+    x = normalize(images_uint8).to(device)
+    if channels_last is None:
+        channels_last = x.device.type == "cpu"
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
 # --------------------------------------------------------------------------------------------
 # File trees: one read-only view over folders, zip and tar archives
 # --------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ from fedtsp.algorithms import Algorithm, Message, RunContext, get_algorithm, res
 from fedtsp.atomic import atomic_write_bytes
 from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import ImageDataset, normalize
+from fedtsp.data import ImageDataset, device_images
 from fedtsp.models.families import build_client_model
 from fedtsp.results import RECORD_VERSION, RunStore, code_version, summarize_history
 
@@ -419,7 +419,7 @@ class NodeRuntime:
         with np.load(path) as arrays:
 
             def tensors(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-                x = normalize(torch.from_numpy(arrays[f"{name}_x"])).to(device)
+                x = device_images(arrays[f"{name}_x"], device, cfg.channels_last)
                 return x, torch.from_numpy(arrays[f"{name}_y"]).long().to(device)
 
             train_x, train_y = tensors("train")

@@ -229,6 +229,38 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _run_and_save(
+    method: str,
+    options: Any,
+    population: Population,
+    train: TrainOptions,
+    seed: int,
+    cache_dir: Path | None,
+    out: str,
+    identity: dict[str, Any],
+    progress: bool = False,
+) -> None:
+    """Run one (method, seed) and save its record (``identity``: key, population, options,
+    ...): the unit of work of a benchmark worker process."""
+    result = _run_one(method, options, population, train, seed, cache_dir, progress)
+    record = {
+        "record_version": RECORD_VERSION,
+        "kind": "fmcl-benchmark",
+        "status": "complete",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **identity,
+        **code_version(),
+        "environment": {
+            "torch": torch.__version__,
+            "device": train.device,
+            "threads": torch.get_num_threads(),
+        },
+        **result,
+        "cache_hit": False,
+    }
+    RunStore(out).save(record)
+
+
 def run_benchmark(
     population: str | PopulationSpec = "label-groups",
     methods: Sequence[str] = ("fmcl", "fedavg", "local", "ifca", "cfl", "pacfl"),
@@ -251,6 +283,7 @@ def run_benchmark(
     device: str = "cpu",
     progress: bool = True,
     force: bool = False,
+    workers: int = 1,
 ) -> pd.DataFrame:
     """Run (or reuse) every (method, seed) on one population; one DataFrame row per run.
 
@@ -259,6 +292,7 @@ def run_benchmark(
     (``method_options["fmcl"]`` may override them and set ``signature`` / ``clustering``
     options). ``data`` maps dataset names to paths, ``datasets`` to loaded datasets (tests).
     Embeddings are cached under ``cache_dir`` (default ``$FEDTSP_CACHE/fmcl-embeddings``).
+    Missing runs go to ``workers`` processes of one thread each (1: in this process).
     Every input is validated before any data is loaded.
     """
     spec = population_spec(population, num_clients=num_clients, fraction=fraction)
@@ -269,6 +303,8 @@ def run_benchmark(
         raise ValueError(
             f"unknown method(s) {unknown or methods}; choose from {', '.join(METHODS)}"
         )
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} is invalid; must be an integer >= 1")
     seeds = list(seeds)
     if not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
         raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {seeds!r}")
@@ -299,50 +335,54 @@ def run_benchmark(
     pop = build_population(spec, datasets=datasets, data=data)
     pop_checksum = pop.checksum()
     store = RunStore(out)
-    rows = []
+    keys: dict[tuple[str, int], str] = {}
+    todo = []
     for method, seed in itertools.product(methods, seeds):
-        opts_json = _jsonable(options[method])
-        key = _key(
+        keys[method, seed] = _key(
             {
                 "kind": "fmcl-benchmark",
                 "population": spec.to_dict(),
                 "population_checksum": pop_checksum,
                 "method": method,
-                "options": opts_json,
+                "options": _jsonable(options[method]),
                 "encoder_fingerprint": fingerprints.get(method),
                 "train": train.to_dict(),
                 "seed": seed,
             }
         )
-        record = None if force else store.load(key)
-        if record is not None:
-            record["cache_hit"] = True
-            rows.append(_row(record))
-            continue
-        result = _run_one(method, options[method], pop, train, seed, cache, progress)
-        record = {
-            "record_version": RECORD_VERSION,
-            "kind": "fmcl-benchmark",
-            "key": key,
-            "status": "complete",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        if force or store.load(keys[method, seed]) is None:
+            todo.append((method, seed))
+    population_stats = pop.stats() | {"checksum": pop_checksum}
+    jobs = []
+    for method, seed in todo:
+        identity = {
+            "key": keys[method, seed],
             "population_name": pop_name,
-            "population": pop.stats() | {"checksum": pop_checksum},
+            "population": population_stats,
             "method": method,
-            "method_options": opts_json,
+            "method_options": _jsonable(options[method]),
             "encoder_fingerprint": fingerprints.get(method),
             "train": train.to_dict(),
             "seed": seed,
-            **code_version(),
-            "environment": {
-                "torch": torch.__version__,
-                "device": device,
-                "threads": torch.get_num_threads(),
-            },
-            **result,
-            "cache_hit": False,
         }
-        store.save(record)
+        jobs.append((method, options[method], pop, train, seed, cache, str(out), identity))
+    if workers > 1 and len(jobs) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        from fedtsp.experiments import single_thread_worker
+
+        with ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=single_thread_worker
+        ) as pool:
+            list(pool.map(_run_and_save, *zip(*jobs, strict=True)))  # re-raises a failure
+    else:
+        for job in jobs:
+            _run_and_save(*job, progress=progress)
+    rows = []
+    for method, seed in itertools.product(methods, seeds):
+        record = store.load(keys[method, seed])
+        record["cache_hit"] = (method, seed) not in todo
         rows.append(_row(record))
     return pd.DataFrame(rows)
 

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from fedtsp.aggregation import fedavg, normalized_weights
 from fedtsp.clients import Client
-from fedtsp.data import normalize
+from fedtsp.data import device_images
 from fedtsp.fmcl.populations import Population
 from fedtsp.models.families import ARCHITECTURES, build_model
 
@@ -62,6 +62,7 @@ class TrainOptions:
     weighting: str = "samples"  # FedAvg weights inside a cluster: "samples" or "uniform"
     feature_dim: int = 512
     device: str = "cpu"
+    channels_last: bool | None = None  # image layout; None: the device's faster one
 
     def validate(self) -> TrainOptions:
         if self.arch not in ARCHITECTURES:
@@ -120,7 +121,8 @@ def build_clients(population: Population, options: TrainOptions, seed: int) -> l
         model = copy.deepcopy(template)
 
         def tensors(x: np.ndarray, y: np.ndarray) -> tuple[Tensor, Tensor]:
-            return normalize(torch.from_numpy(x)).to(device), torch.from_numpy(y).long().to(device)
+            x_dev = device_images(x, device, opts.channels_last)
+            return x_dev, torch.from_numpy(y).long().to(device)
 
         tx, ty = tensors(population.train_x[i], population.train_y[i])
         vx, vy = tensors(population.test_x[i], population.test_y[i])
