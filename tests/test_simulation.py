@@ -42,6 +42,32 @@ def test_fedtsp_tunes_prompts_on_the_server(tmp_path, tiny_data):
     assert protos.shape == (10, 384)
 
 
+def test_fedtsp_server_step_reuses_the_broadcast_forward(tiny_data):
+    def prepared(server_epochs):
+        options = {"server_epochs": server_epochs}
+        algo = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
+        calls = []
+        encode = algo.algorithm.learner._encode
+        algo.algorithm.learner._encode = lambda e: calls.append(1) or encode(e)
+        return algo.algorithm, [algo.algorithm.upload(c) for c in algo.clients], calls
+
+    algo, uploads, calls = prepared(1)
+    before = algo.text_protos.clone()
+    broadcast = algo.server_step(uploads, 1)
+    # One PLM pass per round at E_s = 1 (the new broadcast): the step's own forward is the
+    # graph kept from the previous broadcast.
+    assert len(calls) == 1
+    assert not torch.allclose(broadcast["text_protos"], before)  # the prompts did move
+    fresh, uploads, fresh_calls = prepared(1)
+    fresh._pending_protos = None  # no kept graph: the step runs its own forward
+    fresh.server_step(uploads, 1)
+    assert len(fresh_calls) == 2
+    torch.testing.assert_close(fresh.learner.ctx, algo.learner.ctx)
+    algo, uploads, calls = prepared(3)
+    algo.server_step(uploads, 1)
+    assert len(calls) == 3  # epochs 2 and 3 need fresh forwards, then the broadcast
+
+
 def test_fedproto_communication_is_counted(tmp_path, tiny_data):
     record = run_experiment(
         tiny_config(algorithm="fedproto", rounds=1), dataset=tiny_data, out=tmp_path, progress=False

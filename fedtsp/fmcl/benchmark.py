@@ -230,19 +230,11 @@ def _row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_and_save(
-    method: str,
-    options: Any,
-    population: Population,
-    train: TrainOptions,
-    seed: int,
-    cache_dir: Path | None,
-    out: str,
-    identity: dict[str, Any],
-    progress: bool = False,
+    out: str, identity: dict[str, Any], run_args: tuple, progress: bool = False
 ) -> None:
-    """Run one (method, seed) and save its record (``identity``: key, population, options,
-    ...): the unit of work of a benchmark worker process."""
-    result = _run_one(method, options, population, train, seed, cache_dir, progress)
+    """Run one (method, seed) (``run_args``: `_run_one`'s arguments) and save its record
+    (``identity``: key, population, options, ...): the unit of work of a benchmark worker."""
+    result = _run_one(*run_args, progress)
     record = {
         "record_version": RECORD_VERSION,
         "kind": "fmcl-benchmark",
@@ -252,7 +244,7 @@ def _run_and_save(
         **code_version(),
         "environment": {
             "torch": torch.__version__,
-            "device": train.device,
+            "device": identity["train"]["device"],
             "threads": torch.get_num_threads(),
         },
         **result,
@@ -365,7 +357,7 @@ def run_benchmark(
             "train": train.to_dict(),
             "seed": seed,
         }
-        jobs.append((method, options[method], pop, train, seed, cache, str(out), identity))
+        jobs.append((str(out), identity, (method, options[method], pop, train, seed, cache)))
     if workers > 1 and len(jobs) > 1:
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
