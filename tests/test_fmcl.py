@@ -385,6 +385,8 @@ def test_benchmark_validates_before_loading_data(tmp_path):
         run_benchmark("mixed-domain", fraction=2.0, out=tmp_path)
     with pytest.raises(ValueError, match="workers=0"):
         run_benchmark("mixed-domain", workers=0, out=tmp_path)
+    with pytest.raises(ValueError, match="channels_last"):
+        TrainOptions(channels_last="yes").validate()
 
 
 def test_cfl_splits_a_stalled_cluster_by_domain(tiny_population):

@@ -76,6 +76,10 @@ class TrainOptions:
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        if self.channels_last is not None and not isinstance(self.channels_last, bool):
+            raise ValueError(
+                f"channels_last must be true, false or None, got {self.channels_last!r}"
+            )
         if self.weighting not in ("samples", "uniform"):
             raise ValueError(
                 f"weighting={self.weighting!r} is invalid; choose 'samples' or 'uniform'"
