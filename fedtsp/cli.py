@@ -8,16 +8,25 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from fedtsp.config import ConfigError, RunConfig
+from fedtsp.config import RunConfig
+from fedtsp.errors import UserError, debug_requested, one_line
+from fedtsp.paths import portable_path
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
 
 
-class CliError(Exception):
+class CliError(UserError):
     """Bad user input found before any long work starts."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors on one line, in the same form as every other user error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"fedtsp: error: {message} (see `{self.prog} --help`)\n")
 
 
 def _catalogue() -> str:
@@ -87,7 +96,7 @@ def _layout(value: str) -> bool | None:
 
 def build_parser() -> argparse.ArgumentParser:
     defaults = RunConfig()
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="fedtsp",
         description="Federated learning with text-derived class prototypes (FedTSP).",
         epilog=_catalogue(),
@@ -199,12 +208,23 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--results", default="results", help="results root (default: results)")
     rep.add_argument("--papermill-dir", default="papermill_runs", help="executed notebooks root")
     rep.add_argument("--no-progress", dest="progress", action="store_false")
+    rep.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="exit 0 even if a notebook lacked something the profile expects (see the summary)",
+    )
 
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
     _add_data_args(part, defaults)
     part.add_argument(
         "--export", required=True, help="output folder (train/<i>.npz, test/<i>.npz, config.json)"
     )
+    for command in sub.choices.values():
+        command.add_argument(
+            "--debug",
+            action="store_true",
+            help="show the full traceback of an error (also: FEDTSP_DEBUG=1)",
+        )
     return parser
 
 
@@ -235,11 +255,22 @@ def _check_data_path(path: str | None) -> None:
         raise CliError(f"--data {path!r} does not exist; give a dataset archive or folder")
 
 
+def _check_folder(flag: str, path: str | None) -> None:
+    """An output folder may be missing (it is created) but not be something else."""
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise CliError(
+            f"{flag} {path!r} is a file, not a folder; give a folder (created if missing)"
+        )
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from fedtsp.simulation import run_experiment
 
     config = _config_from_args(args)
     _check_data_path(args.data)
+    _check_folder("--out", args.out)
+    if args.workdir is not None:
+        _check_folder("--workdir", args.workdir)
     if args.engine != "simulator":
         from fedtsp.flower.launch import FLOWER_MISSING, run_flower
 
@@ -294,13 +325,14 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
     config = _config_from_args(args)
     _check_data_path(args.data)
+    _check_folder("--export", args.export)
     dataset = load_dataset(args.dataset, args.data)
     images, labels, partition = partition_dataset(config, dataset)
     meta = {
         "dataset": args.dataset,
         "seed": args.partition_seed,
         "fraction": args.fraction,
-        "source": dataset.source,
+        "source": portable_path(dataset.source),
         "checksum": dataset.checksum,
     }
     export_htfllib(args.export, images, labels, partition, meta)
@@ -312,6 +344,8 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fedtsp.reproduce import reproduce
 
+    _check_folder("--results", args.results)
+    _check_folder("--papermill-dir", args.papermill_dir)
     return reproduce(
         args.profile,
         only=args.only,
@@ -319,12 +353,20 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         papermill_root=args.papermill_dir,
         workers=args.workers,
         progress=args.progress,
+        allow_partial=args.allow_partial,
     )
+
+
+def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -> int:
+    """Print `exc` as one line and return `status`; with --debug / FEDTSP_DEBUG re-raise it."""
+    if args.debug or debug_requested():
+        raise exc
+    print(f"fedtsp: error: {one_line(exc)}", file=sys.stderr)
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
     from fedtsp.clients import NonFiniteLossError
-    from fedtsp.data import DatasetNotFoundError, PartitionError
     from fedtsp.flower.core import ClientFailureError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -340,12 +382,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         return handlers[args.command](args)
-    except (CliError, ConfigError, DatasetNotFoundError, PartitionError, FileExistsError) as exc:
-        print(f"fedtsp: error: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except (UserError, FileExistsError) as exc:
+        return _one_line_error(exc, args, EXIT_BAD_INPUT)
     except (NonFiniteLossError, ClientFailureError) as exc:
-        print(f"fedtsp: error: {exc}", file=sys.stderr)
-        return EXIT_RUN_FAILED
+        return _one_line_error(exc, args, EXIT_RUN_FAILED)
     except KeyboardInterrupt:
         print("fedtsp: interrupted; rerun with --resume to continue", file=sys.stderr)
         return 130

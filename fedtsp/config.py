@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from fedtsp.errors import UserError
+
 DEVICES = ("cpu", "cuda")
 PRECISIONS = ("fp32", "bf16")
 # htfl: heterogeneous client models (Table 1); gfl / pfl: one architecture for every client,
@@ -24,7 +26,7 @@ SETTINGS = ("htfl", "gfl", "pfl")
 _HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"setting": "htfl", "channels_last": False}
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration value is invalid; the message names the value and what is allowed."""
 
 

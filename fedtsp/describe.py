@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from fedtsp.atomic import atomic_write_bytes
+from fedtsp.errors import UserError, debug_requested, one_line
 
 __all__ = [
     "DEFAULT_API_KEY_ENV",
@@ -121,7 +122,7 @@ class DescribeError(RuntimeError):
     """Generation failed (the message names the class and the reason)."""
 
 
-class DescribeInputError(DescribeError):
+class DescribeInputError(UserError, DescribeError):
     """Bad input found before any request was sent."""
 
 
@@ -972,7 +973,9 @@ def run_describe(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except DescribeInputError as exc:
-        print(f"fedtsp describe: error: {_mask(str(exc), secret)}", file=sys.stderr)
+        if getattr(args, "debug", False) or debug_requested():
+            raise
+        print(f"fedtsp: error: {_mask(one_line(exc), secret)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except DescribeError as exc:
         print(f"fedtsp describe: error: {_mask(str(exc), secret)}", file=sys.stderr)

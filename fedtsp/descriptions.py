@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedtsp.errors import UserError
+
 __all__ = [
     "DESCRIPTIONS_FIELD",
     "DESCRIPTION_SETS_DIR",
@@ -69,7 +71,7 @@ PROMPT_KINDS = ("manual", "short", "long", "descriptions")
 DESCRIPTION_SETS_DIR = Path(__file__).resolve().parent / "description_sets"
 
 
-class DescriptionError(ValueError):
+class DescriptionError(UserError, ValueError):
     """A description file that does not match the schema (the message names file/class/field)."""
 
 
@@ -281,7 +283,8 @@ def validate_descriptions(
 
     Requires valid JSON, every class of `class_names` and no other (keys starting with "_" are
     metadata), a non-empty "Short Label", and exactly `k` non-empty string descriptions per
-    class (`k=None`: any number >= 1). If `_meta` states a `k`, it must equal `k`.
+    class (`k=None`: any number >= 1, but exactly `_meta.k` if the file states one). If `_meta`
+    states a `k`, it must equal `k`.
 
     With a `tokenizer` (a `TextEncoder`, an open_clip or Hugging Face tokenizer), every prompt
     "A photo of a {label}: {description}" must have at most `context_length - reserved_tokens`
@@ -295,6 +298,11 @@ def validate_descriptions(
     meta_k = desc_set.metadata.get("k")
     if k is not None and meta_k is not None and meta_k != k:
         raise DescriptionError(f"{desc_set.path}: field '_meta.k' is {meta_k!r}, expected {k}")
+    if k is None and meta_k is not None:
+        # Any k is allowed, but a file that states its k must hold that many per class.
+        if not isinstance(meta_k, int) or meta_k < 1:
+            raise DescriptionError(f"{desc_set.path}: field '_meta.k' must be an integer >= 1")
+        desc_set = _build_set(path, class_names, k=meta_k, require_label=True)
     if tokenizer is None:
         if context_length is not None:
             raise ValueError("context_length needs a tokenizer to count tokens with")

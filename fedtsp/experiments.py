@@ -22,7 +22,8 @@ from tqdm.auto import tqdm
 from fedtsp.algorithms import resolve_options
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import DatasetNotFoundError, ImageDataset, load_dataset, synthetic_dataset
-from fedtsp.profiles import REPO_ROOT, method_specs
+from fedtsp.paths import REPO_ROOT
+from fedtsp.profiles import method_specs
 from fedtsp.results import RunStore
 from fedtsp.simulation import run_experiment, run_key
 
@@ -86,6 +87,29 @@ class DataSource:
         """(datasets that load, skip notes for the others)."""
         reasons = {name: self.missing_reason(name) for name in names}
         return [n for n, r in reasons.items() if r is None], [r for r in reasons.values() if r]
+
+    def require(self, names: list[str], writer: Any, affects: str) -> list[str]:
+        """The datasets of `names` that load; each other one is reported by `writer.skip`.
+
+        `writer` is the notebook's `ResultsWriter`: a dataset its profile plans to leave out
+        is listed as planned, any other makes the notebook's output partial.
+        """
+        from fedtsp.data import dataset_info
+        from fedtsp.system import SYSTEM_DATA
+
+        hints = {"fmnist": next(d for d in SYSTEM_DATA if d.name == "Fashion-MNIST")}
+        available = []
+        for name in names:
+            try:
+                self.get(name)
+            except DatasetNotFoundError as exc:
+                remedy = (
+                    hints[name].install_hint() if name in hints else dataset_info(name).how_to_get
+                )
+                writer.skip(name, affects, f"no copy found here ({exc})", remedy)
+            else:
+                available.append(name)
+        return available
 
 
 @dataclass(frozen=True)

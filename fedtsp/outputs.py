@@ -10,13 +10,13 @@ records behind it and the code version; `write_index` turns all manifests into
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from fedtsp.atomic import atomic_write_text
+from fedtsp.paths import scrub_paths
 from fedtsp.results import code_version
 from fedtsp.tables import to_latex, to_markdown
 
@@ -41,17 +41,86 @@ STANDALONE_ARTEFACTS = """
 """
 
 
-class ResultsWriter:
-    """Saves one notebook's tables and figures and records them in its manifest."""
+# Figures carry no creation date, so that regenerating one from the same runs gives the same
+# bytes (matplotlib writes the date into PDF metadata by default; PNG has none).
+_FIGURE_METADATA = {".pdf": {"CreationDate": None}, ".png": {}}
 
-    def __init__(self, results_dir: str | Path, notebook: str, profile: str, about: str = ""):
+
+class ResultsWriter:
+    """Saves one notebook's tables and figures and records them in its manifest.
+
+    `planned` (a profile's `planned_skips`: item -> why) names what the profile leaves out
+    on purpose; `skip()` of anything else marks the notebook's output as partial.
+    """
+
+    def __init__(
+        self,
+        results_dir: str | Path,
+        notebook: str,
+        profile: str,
+        about: str = "",
+        planned: dict[str, str] | None = None,
+    ):
         self.root = Path(results_dir)
         self.notebook = notebook
         self.profile = profile
         self.about = about
+        self.planned = dict(planned or {})
         self.entries: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
         for sub in ("tables", "figures", "manifest"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self._write_manifest()  # a rerun starts from an empty manifest, not the last one
+
+    @property
+    def partial(self) -> bool:
+        return any(not s["planned"] for s in self.skipped)
+
+    def skip(self, item: str, affects: str, reason: str, remedy: str = "") -> None:
+        """Record that `item` (a dataset, model, ...) is left out of `affects`, and say so.
+
+        Planned skips (the profile's `planned_skips`) are listed as such; any other makes
+        this notebook's output partial: the batch runner reports it and fails without
+        --allow-partial.
+        """
+        planned = item in self.planned
+        entry = {
+            "item": item,
+            "affects": affects,
+            "planned": planned,
+            "reason": self.planned[item] if planned else scrub_paths(reason),
+            "remedy": "" if planned else scrub_paths(remedy),
+        }
+        if entry not in self.skipped:
+            self.skipped.append(entry)
+            self._write_manifest()
+        if planned:
+            print(f"planned skip: {item} ({entry['reason']}); affects {affects}")
+        else:
+            remedy = f" To get it: {entry['remedy']}" if entry["remedy"] else ""
+            print(f"PARTIAL: {affects} lack {item}: {entry['reason']}{remedy}")
+
+    def skip_notes(self) -> str:
+        """One sentence for a table's notes naming what this notebook left out so far."""
+        return " ".join(
+            f"{s['item']} left out ({'planned: ' if s['planned'] else 'PARTIAL: '}"
+            f"{s['reason'] if s['planned'] else 'not available on this machine'})."
+            for s in self.skipped
+        )
+
+    def _write_manifest(self) -> None:
+        manifest = {
+            "notebook": self.notebook,
+            "profile": self.profile,
+            "about": self.about,
+            **code_version(),
+            "status": "partial" if self.partial else "complete",
+            "skipped": self.skipped,
+            "artefacts": self.entries,
+        }
+        atomic_write_text(
+            self.root / "manifest" / f"{self.notebook}.json", json.dumps(manifest, indent=1) + "\n"
+        )
 
     def _record(self, kind: str, name: str, files: list[Path], target: str, runs, notes: str):
         # A table and a figure may share a name; rewriting the same one replaces its entry.
@@ -66,17 +135,7 @@ class ResultsWriter:
                 "notes": notes,
             }
         )
-        manifest = {
-            "notebook": self.notebook,
-            "profile": self.profile,
-            "about": self.about,
-            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **code_version(),
-            "artefacts": self.entries,
-        }
-        atomic_write_text(
-            self.root / "manifest" / f"{self.notebook}.json", json.dumps(manifest, indent=1) + "\n"
-        )
+        self._write_manifest()
 
     def table(
         self,
@@ -114,7 +173,7 @@ class ResultsWriter:
         base = self.root / "figures" / name
         files = [base.with_suffix(".png"), base.with_suffix(".pdf")]
         for f in files:
-            fig.savefig(f, dpi=200, bbox_inches="tight")
+            fig.savefig(f, dpi=200, bbox_inches="tight", metadata=_FIGURE_METADATA[f.suffix])
         self._record("figure", name, files, target, runs, notes)
         return files
 
@@ -139,6 +198,9 @@ def write_index(results_root: str | Path) -> Path:
             commit = (m.get("git_commit") or "unknown")[:10] + (
                 " (dirty)" if m.get("git_dirty") else ""
             )
+            notebook = f"`{m['notebook']}`" + (
+                " **(partial)**" if m.get("status") == "partial" else ""
+            )
             for e in m["artefacts"]:
                 files = " ".join(
                     f"[{Path(f).suffix[1:]}]({profile_dir.name}/{f})" for f in e["files"]
@@ -146,8 +208,20 @@ def write_index(results_root: str | Path) -> Path:
                 manifest = f"{profile_dir.name}/manifest/{m['notebook']}.json"
                 runs = f"[{len(e['runs'])} records]({manifest})" if e["runs"] else "-"
                 lines.append(
-                    f"| {e['target']} | {e['name']} | `{m['notebook']}` | {files} | {runs} | "
-                    f"{commit} |"
+                    f"| {e['target']} | {e['name']} | {notebook} | {files} | {runs} | {commit} |"
+                )
+        skips = [(m["notebook"], s) for m in manifests for s in m.get("skipped", [])]
+        if skips:
+            lines.append("\nLeft out of these artefacts:\n")
+        for notebook, s in sorted(skips, key=lambda x: (x[1]["planned"], x[0])):
+            if s["planned"]:
+                lines.append(
+                    f"- planned: `{notebook}`: {s['affects']} without {s['item']} ({s['reason']})"
+                )
+            else:
+                remedy = f" To get it: {s['remedy']}" if s["remedy"] else ""
+                lines.append(
+                    f"- **PARTIAL**: `{notebook}`: {s['affects']} lack {s['item']}: {s['reason']}{remedy}"
                 )
     lines.append(STANDALONE_ARTEFACTS)
     path = root / "README.md"

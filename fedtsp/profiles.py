@@ -8,6 +8,7 @@ batch runner injects `notebook_parameters(profile, notebook)` into the notebook'
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,6 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 PROFILES_FILE = Path(__file__).with_name("profiles.toml")
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,8 @@ class Profile:
     base: dict[str, Any]
     notebooks: dict[str, dict[str, Any]]
     synthetic_per_class: int = 12
+    # What the profile leaves out on purpose (item -> why): reported as planned, not partial.
+    planned_skips: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -72,6 +74,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
             base=base,
             notebooks=section.pop("notebooks", {}),
             synthetic_per_class=int(section.pop("synthetic_per_class", 12)),
+            planned_skips={str(k): str(v) for k, v in section.pop("planned_skips", {}).items()},
             extra=section,
         )
     except KeyError as exc:
@@ -97,11 +100,16 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
 
 
 def notebook_parameters(
-    profile: str | Profile, notebook: str, results_root: str | Path = "results"
+    profile: str | Profile,
+    notebook: str,
+    results_root: str | Path = "results",
+    relative_to: str | Path | None = None,
 ) -> dict[str, Any]:
     """Everything papermill injects into `notebook` at `profile` (JSON-serialisable).
 
-    Run records go to `<results_root>/<profile>/runs`, tables and figures next to them.
+    Run records go to `<results_root>/<profile>/runs`, tables and figures next to them;
+    with `relative_to` (the notebook's working folder) those two paths are given relative
+    to it, so that the executed copy holds no absolute path of this machine.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if notebook not in prof.notebooks:
@@ -118,7 +126,12 @@ def notebook_parameters(
         "seeds": list(prof.seeds),
         "base": dict(prof.base),  # replaced by the notebook's merged base where it has one
         "method_options": dict(prof.extra.get("method_options", {})),
-        "store": str(Path(results_root).resolve() / prof.name / "runs"),
-        "results_dir": str(Path(results_root).resolve() / prof.name),
+        "planned_skips": dict(prof.planned_skips),
+        "store": _path(Path(results_root).resolve() / prof.name / "runs", relative_to),
+        "results_dir": _path(Path(results_root).resolve() / prof.name, relative_to),
         **prof.notebooks[notebook],
     }
+
+
+def _path(path: Path, relative_to: str | Path | None) -> str:
+    return str(path) if relative_to is None else os.path.relpath(path, Path(relative_to).resolve())

@@ -21,32 +21,59 @@ from typing import Any
 import numpy as np
 
 from fedtsp.atomic import atomic_save, atomic_write_bytes
+from fedtsp.errors import UserError
 
 RECORD_VERSION = 1
 
 
+class RunStoreError(UserError, RuntimeError):
+    """A run record or checkpoint in the store is unreadable or belongs to another run."""
+
+
+def read_record(path: Path) -> dict[str, Any]:
+    """One run record; a damaged file is named, never silently skipped or overwritten."""
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RunStoreError(
+            f"run record {path} is unreadable ({type(exc).__name__}: {exc}); restore it "
+            "(e.g. git checkout) or move it away to have the run redone"
+        ) from exc
+    if not isinstance(record, dict) or "key" not in record:
+        raise RunStoreError(f"{path} is not a fedtsp run record (no 'key' field)")
+    return record
+
+
+# What the outputs depend on: a commit that changes only outputs or docs leaves the code
+# version of regenerated outputs as it was, so that a rerun changes no committed byte.
+CODE_PATHS = ("fedtsp", "notebooks", "pyproject.toml")
+
+
+def _git(args: list[str], cwd: Path) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
 def code_version() -> dict[str, Any]:
-    """Package version and, when run from a git checkout, its commit and dirty flag."""
+    """Package version and, in a git checkout, the last commit that changed the code.
+
+    `git_commit` is the newest commit touching the package, the notebooks or pyproject.toml
+    (HEAD when history is missing); `git_dirty` whether those paths differ from it.
+    """
     from fedtsp import __version__
 
-    here = Path(__file__).resolve().parent
+    repo = Path(__file__).resolve().parents[1]
     info: dict[str, Any] = {"package_version": __version__, "git_commit": None, "git_dirty": None}
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        )
-        if commit.returncode == 0:
-            info["git_commit"] = commit.stdout.strip()
-            status = subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=here,
-                capture_output=True,
-                text=True,
-                timeout=5,
-            )
-            info["git_dirty"] = bool(status.stdout.strip())
-    except (OSError, subprocess.SubprocessError):
-        pass
+    commit = _git(["log", "-1", "--format=%H", "--", *CODE_PATHS], repo) or _git(
+        ["rev-parse", "HEAD"], repo
+    )
+    if commit:
+        info["git_commit"] = commit
+        status = _git(["status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS], repo)
+        info["git_dirty"] = bool(status)
     return info
 
 
@@ -86,7 +113,7 @@ class RunStore:
         path = self.record_path(key)
         if not path.exists():
             return None
-        return json.loads(path.read_text())
+        return read_record(path)
 
     def load_artifacts(self, key: str) -> dict[str, np.ndarray]:
         path = self.artifacts_path(key)
@@ -110,7 +137,7 @@ class RunStore:
 
     def records(self) -> Iterator[dict[str, Any]]:
         for path in sorted(self.root.glob("*.json")):
-            yield json.loads(path.read_text())
+            yield read_record(path)
 
 
 def _json_default(value: Any) -> Any:

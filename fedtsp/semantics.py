@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedtsp.data import dataset_info, semantic_groups
+from fedtsp.errors import UserError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -100,7 +101,7 @@ _MARKER = "fedtsp-wordnet.json"
 _WNID = re.compile(r"^n\d{8}$")
 
 
-class WordNetUnavailableError(LookupError):
+class WordNetUnavailableError(UserError, LookupError):
     """No usable WordNet 3.0 database was found (the message says how to install one)."""
 
 

@@ -34,7 +34,15 @@ from fedtsp.data import (
     stratified_subsample,
 )
 from fedtsp.models.families import build_client_model
-from fedtsp.results import RECORD_VERSION, RunStore, atomic_save, code_version, summarize_history
+from fedtsp.paths import portable_path
+from fedtsp.results import (
+    RECORD_VERSION,
+    RunStore,
+    RunStoreError,
+    atomic_save,
+    code_version,
+    summarize_history,
+)
 
 log = logging.getLogger("fedtsp")
 
@@ -290,9 +298,19 @@ def _save_checkpoint(path: Path, run: PreparedRun, round_index: int, history: li
 
 
 def _load_checkpoint(path: Path, run: PreparedRun) -> tuple[int, list]:
-    state = torch.load(path, map_location=run.config.device, weights_only=False)
-    if state["key"] != run.key:
-        raise RuntimeError(f"checkpoint {path} belongs to run {state['key']}, not {run.key}")
+    try:
+        state = torch.load(path, map_location=run.config.device, weights_only=False)
+    except Exception as exc:  # torch reports a damaged file in many ways
+        raise RunStoreError(
+            f"checkpoint {path} is unreadable ({type(exc).__name__}); move it away to restart "
+            "the run from round 0"
+        ) from exc
+    if not isinstance(state, dict) or state.get("key") != run.key:
+        other = state.get("key") if isinstance(state, dict) else None
+        raise RunStoreError(
+            f"checkpoint {path} belongs to run {other}, not to run {run.key}; "
+            "remove it or rerun without --resume"
+        )
     for client, saved in zip(run.clients, state["clients"], strict=True):
         client.load_state_dict(saved)
     run.algorithm.load_state_dict(state["algorithm"])
@@ -406,7 +424,7 @@ def run_experiment(
         },
         "dataset": {
             "name": run.dataset.name,
-            "source": run.dataset.source,
+            "source": portable_path(run.dataset.source),
             "checksum": run.dataset.checksum,
             "classes": list(run.dataset.classes),
         },

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from fedtsp.config import RunConfig
 from fedtsp.data import ImageDataset, dataset_info, synthetic_dataset
@@ -47,3 +51,22 @@ def cifar10_archive() -> Path:
     if not CIFAR10_ARCHIVE.exists():
         pytest.skip(f"offline CIFAR-10 archive not found at {CIFAR10_ARCHIVE}")
     return CIFAR10_ARCHIVE
+
+
+@pytest.fixture(scope="session")
+def tiny_archive(tmp_path_factory) -> Path:
+    """An image-folder archive in the layout of shared/data (3 images per class and split)."""
+    path = tmp_path_factory.mktemp("data") / "cifar10-jpg.tar.gz"
+    rng = np.random.default_rng(0)
+    with tarfile.open(path, "w:gz") as tar:
+        for split in ("train", "test"):
+            for name in CIFAR10_CLASSES:
+                for i in range(3):
+                    buf = io.BytesIO()
+                    pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
+                    Image.fromarray(pixels).save(buf, format="JPEG")
+                    info = tarfile.TarInfo(f"cifar10/{split}/{name}/{i:04d}.jpg")
+                    info.size = buf.tell()
+                    buf.seek(0)
+                    tar.addfile(info, buf)
+    return path

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import subprocess
 import sys
-import tarfile
 import time
-from pathlib import Path
 
-import numpy as np
 import pytest
-from conftest import CIFAR10_CLASSES, REPO
-from PIL import Image
+from conftest import REPO
 
 from fedtsp.cli import main
 
@@ -25,25 +20,6 @@ def _run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         timeout=timeout,
         cwd=REPO,
     )
-
-
-@pytest.fixture(scope="module")
-def tiny_archive(tmp_path_factory) -> Path:
-    """An image-folder archive in the layout of shared/data (3 images per class and split)."""
-    path = tmp_path_factory.mktemp("data") / "cifar10-jpg.tar.gz"
-    rng = np.random.default_rng(0)
-    with tarfile.open(path, "w:gz") as tar:
-        for split in ("train", "test"):
-            for name in CIFAR10_CLASSES:
-                for i in range(3):
-                    buf = io.BytesIO()
-                    pixels = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)
-                    Image.fromarray(pixels).save(buf, format="JPEG")
-                    info = tarfile.TarInfo(f"cifar10/{split}/{name}/{i:04d}.jpg")
-                    info.size = buf.tell()
-                    buf.seek(0)
-                    tar.addfile(info, buf)
-    return path
 
 
 def test_help_lists_datasets_families_algorithms():

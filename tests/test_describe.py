@@ -326,7 +326,7 @@ def test_bad_inputs_fail_with_one_sentence_before_any_request(
     assert d.run_describe(args) == 2
     err = capsys.readouterr().err.strip()
     assert expected in err
-    assert err.startswith("fedtsp describe: error: ") and "\n" not in err
+    assert err.startswith("fedtsp: error: ") and "\n" not in err
     assert api.requests == []
     assert not (tmp_path / "x.json").exists()
 

@@ -1,16 +1,19 @@
 """The notebooks and the batch runner: every notebook runs at the smoke profile and writes
 its tables and figures; a failing notebook fails the batch without stopping the others; a
-second reproduction is served from the run store."""
+second reproduction is served from the run store and changes no output byte; a notebook
+that lacks something its profile expects is partial, loudly."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import nbformat
 import pandas as pd
 import pytest
 
+from fedtsp.paths import REPO_ROOT
 from fedtsp.profiles import load_profile, notebook_parameters
 from fedtsp.reproduce import NOTEBOOKS_DIR, find_notebooks, reproduce
 
@@ -107,52 +110,87 @@ def test_smoke_reproduction_writes_every_artefact(smoke):
     assert len(fmcl) == 2 * 7 and {"ARI", "NMI", "clusters", "MB per client"} <= set(fmcl.columns)
     for nb in NOTEBOOKS:
         assert (root / "pm" / "smoke" / nb.name).is_file()
-    # Tiny-ImageNet has no synthetic stand-in: skipped with a note, not silently.
+    # Tiny-ImageNet has no synthetic stand-in: a planned skip, with a note, not silently.
     md = (out / "tables" / "table1_accuracy.md").read_text()
-    assert "tinyimagenet skipped" in md
+    assert "tinyimagenet left out (planned: synthetic data" in md
+    summary = json.loads((out / "reproduce_summary.json").read_text())
+    assert {nb["status"] for nb in summary["notebooks"].values()} == {"ok"}
+    skipped = summary["notebooks"]["03_main_table"]["skipped"]
+    assert [(s["item"], s["planned"]) for s in skipped] == [("tinyimagenet", True)]
     index = (root / "results" / "README.md").read_text()
     assert index.count("| Table 1 |") == 1 and "`03_main_table`" in index
 
 
+def _output_bytes(root) -> dict[str, bytes]:
+    skip = {"reproduce_timings.json"}  # wall times: the one output meant to change
+    return {
+        str(p.relative_to(root)): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name not in skip and "checkpoints" not in p.parts
+    }
+
+
 @pytest.mark.slow
-def test_second_reproduction_is_served_from_the_store(smoke):
+def test_second_reproduction_is_served_from_the_store_and_changes_no_byte(smoke):
     root, _ = smoke
     runs = root / "results" / "smoke" / "runs"
-    before = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")}
-    assert len(before) >= 30
+    before = _output_bytes(root)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")}
+    assert len(mtimes) >= 30
     status = reproduce(
-        "smoke",
-        only=["05"],
-        results_root=root / "results",
-        papermill_root=root / "pm",
-        progress=False,
+        "smoke", results_root=root / "results", papermill_root=root / "pm", progress=False
     )
     assert status == 0
-    after = {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")}
-    assert after == before  # nothing rerun, nothing rewritten
+    assert {p.name: p.stat().st_mtime_ns for p in runs.glob("*.json")} == mtimes  # none rerun
+    after = _output_bytes(root)
+    assert sorted(after) == sorted(before)
+    changed = [name for name in before if before[name] != after[name]]
+    assert changed == [], changed
     executed = nbformat.read(root / "pm" / "smoke" / "05_llm_robustness.ipynb", as_version=4)
     text = json.dumps([c.get("outputs", []) for c in executed.cells])
     assert "to run" not in text  # run_all announces runs only when some must run
+    # No output holds an absolute path of this machine (the repository, its parent, home).
+    for name, data in after.items():
+        text = data.decode("utf-8", errors="replace")
+        for path in (str(REPO_ROOT), str(REPO_ROOT.parent) + "/", str(Path.home()) + "/"):
+            assert path not in text, (name, path)
 
 
-def test_a_failing_notebook_fails_the_batch_but_not_the_others(tmp_path):
+def _reproduce_with_cell(tmp_path, source: str, after: str | None, **options) -> int:
+    """Reproduce the smoke profile over a copy of notebook 01 with one cell added.
+
+    The cell goes after the first cell containing `after` (None: before the first code
+    cell, ahead of the writer and of `short_errors()`). The summary lands in tmp_path.
+    """
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
-    shutil.copy(NOTEBOOKS_DIR / "05_llm_robustness.ipynb", nbdir)
-    broken = nbformat.read(NOTEBOOKS_DIR / "01_descriptions.ipynb", as_version=4)
-    broken.cells.insert(2, nbformat.v4.new_code_cell("raise RuntimeError('planted failure')"))
-    nbformat.write(broken, nbdir / "01_descriptions.ipynb")
-    status = reproduce(
+    book = nbformat.read(NOTEBOOKS_DIR / "01_descriptions.ipynb", as_version=4)
+    at = 2 if after is None else next(i for i, c in enumerate(book.cells) if after in c.source) + 1
+    book.cells.insert(at, nbformat.v4.new_code_cell(source))
+    nbformat.write(book, nbdir / "01_descriptions.ipynb")
+    if options.pop("with_05", False):
+        shutil.copy(NOTEBOOKS_DIR / "05_llm_robustness.ipynb", nbdir)
+    return reproduce(
         "smoke",
         results_root=tmp_path / "results",
         papermill_root=tmp_path / "pm",
         notebooks_dir=nbdir,
         progress=False,
+        **options,
     )
-    assert status == 1
-    summary = json.loads((tmp_path / "results" / "smoke" / "reproduce_summary.json").read_text())
-    assert summary["notebooks"]["01_descriptions"]["ok"] is False
-    assert summary["notebooks"]["05_llm_robustness"]["ok"] is True
+
+
+def _summary(tmp_path) -> dict:
+    return json.loads((tmp_path / "results" / "smoke" / "reproduce_summary.json").read_text())
+
+
+def test_a_failing_notebook_fails_the_batch_but_not_the_others(tmp_path):
+    bug = "raise RuntimeError('planted failure')"
+    assert _reproduce_with_cell(tmp_path, bug, None, with_05=True) == 1
+    summary = _summary(tmp_path)
+    assert summary["notebooks"]["01_descriptions"]["status"] == "failed"
+    assert "planted failure" in summary["notebooks"]["01_descriptions"]["error"]
+    assert summary["notebooks"]["05_llm_robustness"]["status"] == "ok"
     assert (tmp_path / "results" / "smoke" / "tables" / "fig5_right_llm_robustness.csv").is_file()
 
 
@@ -164,3 +202,50 @@ def test_only_selects_notebooks_and_rejects_unknown_prefixes():
     with pytest.raises(Exception, match="--only 42 matches no notebook"):
         find_notebooks(NOTEBOOKS_DIR, ["42"])
     assert load_profile("smoke").data == "synthetic"
+
+
+@pytest.mark.parametrize(
+    ("item", "allow", "status", "word"),
+    [
+        ("fmnist", False, 3, "PARTIAL"),  # expected by the profile, missing here
+        ("fmnist", True, 0, "PARTIAL"),  # --allow-partial accepts it, still says so
+        ("tinyimagenet", False, 0, "planned"),  # the smoke profile plans this one
+    ],
+)
+def test_a_partial_notebook_is_loud_and_fails_without_allow_partial(
+    tmp_path, capsys, item, allow, status, word
+):
+    # The notebook's data lacks `item`, as on a machine without it.
+    skip = (
+        f"writer.skip({item!r}, 'the FMCL mixed-domain rows', 'no copy found here', "
+        "'apt-get install dataset-fashion-mnist')"
+    )
+    code = _reproduce_with_cell(tmp_path, skip, "ResultsWriter(", allow_partial=allow)
+    out = capsys.readouterr().out
+    assert code == status
+    partial = word == "PARTIAL"
+    entry = _summary(tmp_path)["notebooks"]["01_descriptions"]
+    assert entry["status"] == ("partial" if partial else "ok")
+    assert (item, not partial) in [(s["item"], s["planned"]) for s in entry["skipped"]]
+    index = (tmp_path / "results" / "README.md").read_text()
+    executed = (tmp_path / "pm" / "smoke" / "01_descriptions.ipynb").read_text()
+    if partial:
+        # runner summary, results index and the notebook's own output all say it
+        assert "PARTIAL results" in out and "apt-get install dataset-fashion-mnist" in out
+        assert "**PARTIAL**" in index and "`01_descriptions` **(partial)**" in index
+        assert "PARTIAL: the FMCL mixed-domain rows lack fmnist" in executed
+    else:
+        assert "Planned skips" in out and "tinyimagenet" in out and "PARTIAL" not in out
+        assert "- planned: `01_descriptions`" in index and "planned skip: tinyimagenet" in executed
+
+
+def test_a_user_error_in_a_notebook_shows_one_sentence_not_frames(tmp_path):
+    bad = "from fedtsp.data import load_dataset\n\nload_dataset('cifar10', '/no/such/data.tar.gz')"
+    assert _reproduce_with_cell(tmp_path, bad, "short_errors()") == 1
+    executed = nbformat.read(tmp_path / "pm" / "smoke" / "01_descriptions.ipynb", as_version=4)
+    (error,) = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
+    assert len(error.traceback) == 1
+    assert error.traceback[0].startswith("fedtsp: error: CIFAR-10 not found")
+    assert "/no/such/data.tar.gz" in error.traceback[0]
+    error = _summary(tmp_path)["notebooks"]["01_descriptions"]["error"]
+    assert error.startswith("fedtsp: error: CIFAR-10")

@@ -56,6 +56,7 @@ import time
 import uuid
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+
+from fedtsp.errors import UserError
 
 __all__ = [
     "DATASETS",
@@ -83,11 +86,11 @@ CACHE_VERSION = 1
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".ppm", ".tif", ".tiff", ".webp")
 
 
-class DatasetNotFoundError(FileNotFoundError):
+class DatasetNotFoundError(UserError, FileNotFoundError):
     """No usable copy of a dataset was found in any of the places looked in."""
 
 
-class DatasetFormatError(ValueError):
+class DatasetFormatError(UserError, ValueError):
     """A copy of a dataset was found but its content does not match the dataset."""
 
 
@@ -960,20 +963,25 @@ def _sha256_arrays(arrays: Iterable[np.ndarray]) -> str:
 
 def _decode_source(src: _Source, info: DatasetInfo) -> ImageDataset:
     where = str(src.path)
-    if src.is_file:
-        try:
+    # A truncated or corrupt file shows up as any of these, while opening or decoding.
+    damaged = (OSError, EOFError, tarfile.TarError, zipfile.BadZipFile, zlib.error, struct.error)
+    try:
+        if src.is_file:
             tree: _Tree = _open_archive(src.path)
-        except (OSError, tarfile.TarError, zipfile.BadZipFile) as exc:
-            raise DatasetFormatError(f"cannot open archive {where}: {exc}") from exc
-        formats = info.formats
-    else:
-        tree = _DirTree(src.path, src.include)
-        formats = (src.fmt,) if src.fmt else info.formats
-    decoded = None
-    for fmt in formats:
-        decoded = _DECODERS[fmt](tree, info, where)
-        if decoded is not None:
-            break
+            formats = info.formats
+        else:
+            tree = _DirTree(src.path, src.include)
+            formats = (src.fmt,) if src.fmt else info.formats
+        decoded = None
+        for fmt in formats:
+            decoded = _DECODERS[fmt](tree, info, where)
+            if decoded is not None:
+                break
+    except damaged as exc:
+        raise DatasetFormatError(
+            f"{where} is damaged or truncated ({type(exc).__name__}: {exc}); replace it with a "
+            f"complete copy of {info.title} ({info.how_to_get})"
+        ) from exc
     if decoded is None:
         raise DatasetNotFoundError(f"{where} does not hold {_describe_expected(info)}")
     train_x, train_y, test_x, test_y, classes, words = decoded

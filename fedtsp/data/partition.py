@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from fedtsp.errors import UserError
+
 if TYPE_CHECKING:
     from fedtsp.data.datasets import ImageDataset
 
@@ -46,7 +48,7 @@ __all__ = [
 Seed = int | np.random.RandomState
 
 
-class PartitionError(ValueError):
+class PartitionError(UserError, ValueError):
     """The requested partition cannot be drawn (bad input, or the minimum size is not met)."""
 
 

@@ -39,6 +39,7 @@ from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.models.families import build_client_model
+from fedtsp.paths import portable_path
 from fedtsp.results import RECORD_VERSION, RunStore, code_version, summarize_history
 
 log = logging.getLogger("fedtsp.flower")
@@ -160,7 +161,7 @@ def prepare_workdir(
         "feature_dim": feature_dim,
         "dataset": {
             "name": dataset.name,
-            "source": dataset.source,
+            "source": portable_path(dataset.source),
             "checksum": dataset.checksum,
             "classes": list(dataset.classes),
             "channels": dataset.channels,

@@ -43,6 +43,10 @@ def flower_env() -> dict[str, str]:
     """The environment of every Flower process: telemetry off, thread count passed on."""
     env = dict(os.environ)
     env["FLWR_TELEMETRY_ENABLED"] = "0"
+    # Flower's processes start further Flower tools by name (the SuperLink runs
+    # `flower-superexec`): put this environment's scripts first even when it is not activated.
+    scripts = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([scripts, env.get("PATH", "")])
     # The same intra-op thread count as this process: float reductions then run in the same
     # order on every node, so results equal the in-process simulator's to the last bit.
     env["OMP_NUM_THREADS"] = str(torch.get_num_threads())

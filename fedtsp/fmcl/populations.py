@@ -43,6 +43,7 @@ from fedtsp.data import (
     split_clients,
     stratified_subsample,
 )
+from fedtsp.errors import UserError
 
 __all__ = ["KINDS", "Population", "PopulationSpec", "build_population"]
 
@@ -51,7 +52,7 @@ GROUPINGS = ("semantic", "contiguous")
 LABEL_SPACES = ("shared", "disjoint")
 
 
-class PopulationError(ValueError):
+class PopulationError(UserError, ValueError):
     """A population specification that cannot be built."""
 
 

