@@ -211,8 +211,17 @@ def write_index(results_root: str | Path) -> Path:
                     f"| {e['target']} | {e['name']} | {notebook} | {files} | {runs} | {commit} |"
                 )
         skips = [(m["notebook"], s) for m in manifests for s in m.get("skipped", [])]
-        if skips:
+        # What the profile leaves out before any notebook runs (e.g. models it never asks for).
+        summary = profile_dir / "reproduce_summary.json"
+        planned = (
+            json.loads(summary.read_text()).get("planned_skips", {}) if summary.is_file() else {}
+        )
+        named = {s["item"] for _, s in skips}
+        unnamed = {item: why for item, why in planned.items() if item not in named}
+        if skips or unnamed:
             lines.append("\nLeft out of these artefacts:\n")
+        for item, why in unnamed.items():
+            lines.append(f"- planned by the profile: {item} ({why})")
         for notebook, s in sorted(skips, key=lambda x: (x[1]["planned"], x[0])):
             if s["planned"]:
                 lines.append(

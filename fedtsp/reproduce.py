@@ -205,9 +205,9 @@ def reproduce(
         status = result.status if result.ok else f"FAILED: {result.error}"
         print(f"[{nb.stem}] {status} ({result.seconds:.0f} s)", flush=True)
         results.append(result)
-    write_index(results_root)
-    total = time.perf_counter() - start
     _write_summary(results_root / profile.name, profile, results, run_keys, runs_error)
+    write_index(results_root)  # after the summary: the index lists the profile's planned skips
+    total = time.perf_counter() - start
     atomic_write_text(
         results_root / profile.name / "reproduce_timings.json",
         json.dumps(
