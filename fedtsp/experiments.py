@@ -95,17 +95,14 @@ class DataSource:
         is listed as planned, any other makes the notebook's output partial.
         """
         from fedtsp.data import dataset_info
-        from fedtsp.system import SYSTEM_DATA
+        from fedtsp.system import dataset_hint
 
-        hints = {"fmnist": next(d for d in SYSTEM_DATA if d.name == "Fashion-MNIST")}
         available = []
         for name in names:
             try:
                 self.get(name)
             except DatasetNotFoundError as exc:
-                remedy = (
-                    hints[name].install_hint() if name in hints else dataset_info(name).how_to_get
-                )
+                remedy = dataset_hint(name) or dataset_info(name).how_to_get
                 writer.skip(name, affects, f"no copy found here ({exc})", remedy)
             else:
                 available.append(name)

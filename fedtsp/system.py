@@ -22,6 +22,7 @@ class SystemData:
     debian: tuple[str, ...]
     other_route: str
     problem: Callable[[], str | None]  # None when usable, else why not
+    dataset: str | None = None  # the registered dataset it supplies, if any
 
     def install_hint(self) -> str:
         return (
@@ -65,8 +66,14 @@ SYSTEM_DATA = (
         ("dataset-fashion-mnist",),
         "with internet let torchvision download FashionMNIST and point FEDTSP_DATA at its folder.",
         _fmnist_problem,
+        dataset="fmnist",
     ),
 )
+
+
+def dataset_hint(name: str) -> str | None:
+    """How to install registered dataset `name` when it is system data, else None."""
+    return next((item.install_hint() for item in SYSTEM_DATA if item.dataset == name), None)
 
 
 def missing() -> list[SystemData]:
