@@ -46,7 +46,7 @@ def read_record(path: Path) -> dict[str, Any]:
 
 # What the outputs depend on: a commit that changes only outputs or docs leaves the code
 # version of regenerated outputs as it was, so that a rerun changes no committed byte.
-CODE_PATHS = ("fedtsp", "notebooks", "pyproject.toml")
+CODE_PATHS = ("fedtsp", "notebooks/*.ipynb", "pyproject.toml")
 
 
 def _git(args: list[str], cwd: Path) -> str | None:
@@ -60,8 +60,9 @@ def _git(args: list[str], cwd: Path) -> str | None:
 def code_version() -> dict[str, Any]:
     """Package version and, in a git checkout, the last commit that changed the code.
 
-    `git_commit` is the newest commit touching the package, the notebooks or pyproject.toml
-    (HEAD when history is missing); `git_dirty` whether those paths differ from it.
+    `git_commit` is the newest commit touching the package, the notebooks (not their README)
+    or pyproject.toml (HEAD when history is missing); `git_dirty` whether those paths differ
+    from it.
     """
     from fedtsp import __version__
 
