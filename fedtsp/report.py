@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from fedtsp.results import RunStore
-from fedtsp.tables import to_markdown
+from fedtsp.tables import mean_pm_std, to_markdown
 
 
 def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -57,7 +57,7 @@ def summary_table(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
     def agg(part: pd.DataFrame) -> pd.Series:
         def pm(col: str, scale: float = 100.0) -> str:
             values = part[col].to_numpy() * scale
-            return f"{values.mean():.2f} ± {values.std(ddof=0):.2f}"
+            return mean_pm_std(values.mean(), values.std(ddof=0), len(values))
 
         return pd.Series(
             {

@@ -6,6 +6,15 @@ import numpy as np
 import pandas as pd
 
 
+def mean_pm_std(mean: float, std: float, n: int, decimals: int = 2) -> str:
+    """ "mean ± std" over n seeds; one seed has no spread to show, so it reads "mean (n = 1)"."""
+    if pd.isna(mean):
+        return "-"
+    if n == 1:
+        return f"{mean:.{decimals}f} (n = 1)"
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+
+
 def mean_std(
     frame: pd.DataFrame,
     index: str | list[str],
@@ -23,11 +32,12 @@ def mean_std(
     stats.columns = ["mean", "std", "n"]
     means = stats["mean"].unstack(_list(columns), sort=False)
     stds = stats["std"].unstack(_list(columns), sort=False)
+    counts = stats["n"].unstack(_list(columns), sort=False)
     text = means.copy().astype(object)
     for r in means.index:
         for c in means.columns:
-            m, s = means.loc[r, c], stds.loc[r, c]
-            text.loc[r, c] = "-" if pd.isna(m) else f"{m:.{decimals}f} ± {s:.{decimals}f}"
+            n = counts.loc[r, c]
+            text.loc[r, c] = mean_pm_std(means.loc[r, c], stds.loc[r, c], 0 if pd.isna(n) else n)
     return text, means
 
 

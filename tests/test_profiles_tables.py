@@ -124,6 +124,13 @@ def test_mean_std_best_mask_and_text_formats():
     assert r"\textbf{85.00 $\pm$ 0.00}" in tex and r"\caption{cap 5\%}" in tex
 
 
+def test_one_seed_shows_n_1_not_a_zero_spread():
+    frame = pd.DataFrame({"method": ["A", "B", "B"], "dataset": ["x"] * 3, "acc": [80, 84, 86.0]})
+    text, _ = mean_std(frame, "method", "dataset", "acc")
+    assert text.loc["A", "x"] == "80.00 (n = 1)"
+    assert text.loc["B", "x"] == "85.00 ± 1.00"
+
+
 def test_results_writer_records_provenance_and_index(tmp_path):
     import matplotlib
 
