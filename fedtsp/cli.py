@@ -269,8 +269,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
     _check_data_path(args.data)
     _check_folder("--out", args.out)
-    if args.workdir is not None:
-        _check_folder("--workdir", args.workdir)
+    _check_folder("--workdir", args.workdir)
     if args.engine != "simulator":
         from fedtsp.flower.launch import FLOWER_MISSING, run_flower
 

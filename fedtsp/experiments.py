@@ -21,11 +21,18 @@ from tqdm.auto import tqdm
 
 from fedtsp.algorithms import resolve_options
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import DatasetNotFoundError, ImageDataset, load_dataset, synthetic_dataset
+from fedtsp.data import (
+    DatasetNotFoundError,
+    ImageDataset,
+    dataset_info,
+    load_dataset,
+    synthetic_dataset,
+)
 from fedtsp.paths import REPO_ROOT
 from fedtsp.profiles import method_specs
 from fedtsp.results import RunStore
 from fedtsp.simulation import run_experiment, run_key
+from fedtsp.system import dataset_hint
 
 
 class RunsFailed(RuntimeError):
@@ -75,13 +82,17 @@ class DataSource:
                     self._loaded[name] = load_dataset(name, None, download=False)
         return self._loaded[name]
 
-    def missing_reason(self, name: str) -> str | None:
-        """None if `name` loads; otherwise one sentence saying why it is skipped."""
+    def _load_error(self, name: str) -> DatasetNotFoundError | None:
         try:
             self.get(name)
         except DatasetNotFoundError as exc:
-            return f"{name} skipped: no offline copy here ({exc})"
+            return exc
         return None
+
+    def missing_reason(self, name: str) -> str | None:
+        """None if `name` loads; otherwise one sentence saying why it is skipped."""
+        exc = self._load_error(name)
+        return None if exc is None else f"{name} skipped: no offline copy here ({exc})"
 
     def split(self, names: list[str]) -> tuple[list[str], list[str]]:
         """(datasets that load, skip notes for the others)."""
@@ -94,18 +105,14 @@ class DataSource:
         `writer` is the notebook's `ResultsWriter`: a dataset its profile plans to leave out
         is listed as planned, any other makes the notebook's output partial.
         """
-        from fedtsp.data import dataset_info
-        from fedtsp.system import dataset_hint
-
         available = []
         for name in names:
-            try:
-                self.get(name)
-            except DatasetNotFoundError as exc:
+            exc = self._load_error(name)
+            if exc is None:
+                available.append(name)
+            else:
                 remedy = dataset_hint(name) or dataset_info(name).how_to_get
                 writer.skip(name, affects, f"no copy found here ({exc})", remedy)
-            else:
-                available.append(name)
         return available
 
 

@@ -68,6 +68,7 @@ class ResultsWriter:
         self.planned = dict(planned or {})
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
+        self.code = code_version()  # once: every manifest write would otherwise ask git again
         for sub in ("tables", "figures", "manifest"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._write_manifest()  # a rerun starts from an empty manifest, not the last one
@@ -113,7 +114,7 @@ class ResultsWriter:
             "notebook": self.notebook,
             "profile": self.profile,
             "about": self.about,
-            **code_version(),
+            **self.code,
             "status": "partial" if self.partial else "complete",
             "skipped": self.skipped,
             "artefacts": self.entries,

@@ -245,11 +245,10 @@ def _report(profile, results, total, runs_seconds, runs_error, allow_partial) ->
         print(
             f"  {r.notebook:<28} {r.status.upper() if r.status != 'ok' else 'ok':<8} {r.seconds:5.0f} s"
         )
-    planned = {s["item"]: s["reason"] for r in results for s in r.skipped if s["planned"]}
-    planned = {**profile.planned_skips, **planned}
-    if planned:
+    # A notebook's planned skips carry the profile's own reasons: the profile's list is all.
+    if profile.planned_skips:
         print("Planned skips (the profile leaves these out on purpose):")
-        for item, why in planned.items():
+        for item, why in profile.planned_skips.items():
             print(f"  {item}: {why}")
     partial = [(r.notebook, s) for r in results for s in r.skipped if not s["planned"]]
     if partial:
