@@ -37,7 +37,9 @@ def mean_std(
     for r in means.index:
         for c in means.columns:
             n = counts.loc[r, c]
-            text.loc[r, c] = mean_pm_std(means.loc[r, c], stds.loc[r, c], 0 if pd.isna(n) else n)
+            text.loc[r, c] = mean_pm_std(
+                means.loc[r, c], stds.loc[r, c], 0 if pd.isna(n) else n, decimals
+            )
     return text, means
 
 

@@ -129,6 +129,9 @@ def test_one_seed_shows_n_1_not_a_zero_spread():
     text, _ = mean_std(frame, "method", "dataset", "acc")
     assert text.loc["A", "x"] == "80.00 (n = 1)"
     assert text.loc["B", "x"] == "85.00 ± 1.00"
+    assert mean_std(frame, "method", "dataset", "acc", decimals=3)[0].loc["A", "x"] == (
+        "80.000 (n = 1)"
+    )
 
 
 def test_results_writer_records_provenance_and_index(tmp_path):
