@@ -19,6 +19,19 @@ from torch import Tensor
 
 from fedtsp.models.families import ClientModel
 
+# Where a client's image prototypes come from: "pass", one pass with the trained model after
+# local training (the paper's Eq. 5); "training", the mean over the features of this round's
+# training forward passes, all local epochs (the authors' and HtFLlib's code; no extra pass).
+PROTOTYPE_SOURCES = ("pass", "training")
+_TRAIN_SUMS = "_training_feature_sums"  # client.state key of the running (sums, seen)
+
+
+def check_prototype_source(source: str) -> None:
+    if source not in PROTOTYPE_SOURCES:
+        raise ValueError(
+            f"prototype_source={source!r} is invalid; choose one of {', '.join(PROTOTYPE_SOURCES)}"
+        )
+
 
 class NonFiniteLossError(FloatingPointError):
     """Local training produced a NaN or infinite loss."""
@@ -145,6 +158,27 @@ class Client:
         assert sums is not None, "client has no training data"
         means = sums / counts.clamp(min=1).unsqueeze(1).to(sums.dtype)
         return means, counts
+
+    def record_features(self, feats: Tensor, y: Tensor) -> None:
+        """Add one training batch's features to this round's per-class sums (no grad)."""
+        if _TRAIN_SUMS not in self.state:
+            sums = torch.zeros(self.num_classes, feats.shape[1], device=feats.device)
+            self.state[_TRAIN_SUMS] = (sums, torch.zeros(self.num_classes, device=feats.device))
+        sums, seen = self.state[_TRAIN_SUMS]
+        sums.index_add_(0, y, feats.detach().float())
+        seen.index_add_(0, y, torch.ones_like(y, dtype=seen.dtype))
+
+    def prototypes(self, source: str) -> tuple[Tensor, Tensor]:
+        """Per-class mean features and per-class train counts, from `source` (PROTOTYPE_SOURCES).
+
+        "training" uses (and clears) the sums of `record_features` since the last call.
+        """
+        if source == "pass":
+            return self.class_prototypes()
+        if _TRAIN_SUMS not in self.state:
+            raise RuntimeError(f"client {self.index}: no training features were recorded")
+        sums, seen = self.state.pop(_TRAIN_SUMS)
+        return sums / seen.clamp(min=1).unsqueeze(1), self.class_counts()
 
     def state_dict(self) -> dict[str, Any]:
         # Modules in the algorithm's state (e.g. a shared model) are saved as weights only.

@@ -83,6 +83,12 @@ class RunConfig:
             for k, v in self.to_dict().items()
             if k not in _HASH_NEUTRAL_DEFAULTS or v != _HASH_NEUTRAL_DEFAULTS[k]
         }
+        from fedtsp.algorithms import ALGORITHMS
+
+        method = ALGORITHMS.get(self.algorithm)
+        revision = method.revision if method is not None else 0
+        if revision:  # at 0 it stays out, so unrevised methods keep their keys
+            config["algorithm_revision"] = revision
         payload = {"config": config, "extra": extra or {}}
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -26,9 +26,12 @@ def _local_round(run, epochs: int = 1) -> list[dict]:
 
 
 # ---- mechanisms ----------------------------------------------------------------------------
+TRAINED = {"frozen_generator": False}  # FedGen's own method; the default is the authors' runs
+
+
 def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data):
     torch.manual_seed(0)
-    run = prepare(tiny_config(algorithm="fedgen"), dataset=tiny_data)
+    run = prepare(tiny_config(algorithm="fedgen", algo_options=TRAINED), dataset=tiny_data)
     algo = run.algorithm
     for client in run.clients:
         algo.receive(client, run.first_broadcast)
@@ -42,7 +45,7 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
 
     def head_accuracy() -> tuple[float, list[float]]:
         with torch.no_grad():
-            feats, _ = algo.generator(labels)
+            feats, _ = algo.generator(labels, algo.feature_norm)
             per_head = torch.einsum("nd,kcd->knc", feats, weight) + bias[:, None, :]
             ensemble = (share[:, labels].unsqueeze(-1) * per_head).sum(0)
             own = [float((p.argmax(1) == labels).float().mean()) for p in per_head]
@@ -70,10 +73,9 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
 
 
 def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
-    run = prepare(
-        tiny_config(algorithm="fedgen", algo_options={"frozen_generator": True}), dataset=tiny_data
-    )
+    run = prepare(tiny_config(algorithm="fedgen"), dataset=tiny_data)  # the default
     algo = run.algorithm
+    assert algo.opts.frozen_generator and algo.opts.noise == "uniform"
     initial = {k: v.clone() for k, v in algo.generator.state_dict().items()}
     for client in run.clients:
         algo.receive(client, run.first_broadcast)
@@ -82,6 +84,30 @@ def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
     assert set(broadcast) == {"head_weight", "head_bias"}  # nothing about the generator
     for key, value in algo.generator.state_dict().items():
         assert torch.equal(value, initial[key])
+
+
+@pytest.mark.parametrize("options", [{}, TRAINED], ids=["frozen", "trained"])
+def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data, options):
+    # The unbounded trained generator grew its features to 45-260 in norm against 7-15 for
+    # real ones (cpu records) and the clients' heads diverged; both forms must stay in range.
+    torch.manual_seed(0)
+    run = prepare(tiny_config(algorithm="fedgen", algo_options=options), dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    for client in clients:
+        algo.receive(client, run.first_broadcast)
+    labels = torch.arange(C).repeat(20)
+    for round_index in range(4):
+        broadcast = algo.server_step(_local_round(run, epochs=2), round_index)
+        for client in clients:
+            algo.receive(client, broadcast)
+        with torch.no_grad():
+            real = torch.cat([c.model.features(c.train_x).norm(dim=1) for c in clients])
+            state = clients[0].state
+            fake = state["generator"](labels, state.get("feature_norm"))[0].norm(dim=1)
+        lo, hi = float(real.min()), float(real.max())
+        assert lo <= float(fake.min()) and float(fake.max()) <= hi, (round_index, lo, hi, fake)
+    if options:  # trained: exactly the clients' sample-weighted mean real-feature norm
+        assert torch.allclose(fake, algo.feature_norm.expand_as(fake), rtol=1e-4)
 
 
 def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
@@ -180,21 +206,28 @@ def test_bad_options_fail_with_one_sentence(algorithm, bad):
 
 # ---- learning, communication, resume --------------------------------------------------------
 HEAD = C * D * 4 + C * 4  # fp32 head weight + bias
+GENERATOR = ((32 + C) * 512 + 512 + 2 * 512 + 512 * D + D) * 4  # fp32 weights
 BYTES = {  # (up, down) per client per round for C = 10, d = 512
-    "fedgen": (HEAD + C * 8, HEAD + ((32 + C) * 512 + 512 + 2 * 512 + 512 * D + D) * 4 + C * 8),
+    "fedgen": (HEAD + C * 8, HEAD),  # frozen generator: sent once, in the set-up message
+    "fedgen-trained": (HEAD + C * 8 + 8, HEAD + GENERATOR + 4 + C * 8),  # + norm, count
     "lg-fedavg": (HEAD + 8, HEAD),
     "feddistill": (C * C * 4 + C * 8, C * C * 4 + C),
 }
 
 
-@pytest.mark.parametrize("algorithm", ["fedgen", "lg-fedavg", "feddistill"])
+@pytest.mark.parametrize("algorithm", ["fedgen", "fedgen-trained", "lg-fedavg", "feddistill"])
 def test_methods_learn_and_count_their_messages(tmp_path, tiny_data, algorithm):
-    config = tiny_config(algorithm=algorithm, rounds=4, local_epochs=2)
+    options = TRAINED if algorithm == "fedgen-trained" else {}
+    config = tiny_config(
+        algorithm=algorithm.removesuffix("-trained"), algo_options=options, rounds=4, local_epochs=2
+    )
     record = run_experiment(config, dataset=tiny_data, out=tmp_path, progress=False)
     assert record["summary"]["best_acc"] > 0.5  # chance: 0.1
     assert record["feature_dim"] == D
     row = record["history"][0]
     assert (row["bytes_up_per_client"], row["bytes_down_per_client"]) == BYTES[algorithm]
     artifacts = RunStore(tmp_path).load_artifacts(record["key"])
-    key = {"fedgen": "global_prototypes", "lg-fedavg": "global_head", "feddistill": "global_logits"}
-    assert artifacts[key[algorithm]].shape == {"feddistill": (C, C)}.get(algorithm, (C, D))
+    key = {"lg-fedavg": "global_head", "feddistill": "global_logits"}.get(
+        algorithm, "global_prototypes"
+    )
+    assert artifacts[key].shape == {"feddistill": (C, C)}.get(algorithm, (C, D))

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
+from torch import Tensor
 
 from fedtsp.algorithms import RunContext, resolve_options
-from fedtsp.algorithms.alignfed import AlignFed
+from fedtsp.algorithms.alignfed import AlignFed, anchor_loss, uniform_anchors
 from fedtsp.algorithms.fedtgp import FedTGP, _euclidean, adaptive_margin
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
@@ -131,6 +132,54 @@ def test_alignfed_anchors_spread_fixed_and_heads_averaged(tiny_data):
         assert all(c.state["round"] == t + 1 for c in run.clients)
 
 
+def _fork_anchor_loss(feats: list[list[float]], y: list[int], anchors: list[list[float]]) -> float:
+    """The authors' client loss, written out in plain Python (temperature 1)."""
+
+    def cos(u: list[float], v: list[float]) -> float:
+        dot = sum(a * b for a, b in zip(u, v, strict=True))
+        return dot / math.sqrt(sum(a * a for a in u) * sum(b * b for b in v))
+
+    total = 0.0
+    for c, anchor in enumerate(anchors):  # per anchor: a softmax over the batch's samples
+        sims = [cos(f, anchor) for f in feats]
+        log_z = math.log(sum(math.exp(s) for s in sims))
+        positives = [i for i, label in enumerate(y) if label == c]
+        if positives:  # an anchor without positives counts 0
+            total += -sum(sims[i] - log_z for i in positives) / len(positives)
+    return total / len(anchors)  # averaged over all C anchors
+
+
+def test_alignfed_client_loss_is_the_authors_formula():
+    torch.manual_seed(0)
+    anchors = uniform_anchors(10, 16, 500, 0.1, 0.5)
+    feats = torch.randn(12, 16)
+    y = torch.tensor([0, 0, 3, 3, 3, 7, 0, 7, 3, 3, 0, 7])  # 3 of the 10 classes present
+    ours = anchor_loss(feats, y, anchors, 1.0, "anchor_softmax")
+    expected = _fork_anchor_loss(feats.tolist(), y.tolist(), anchors.tolist())
+    assert float(ours) == pytest.approx(expected, rel=1e-5)
+    run_default = resolve_options("alignfed", {})
+    assert run_default.client_loss == "anchor_softmax"
+
+
+@pytest.mark.parametrize(
+    ("classes", "present", "low", "high"), [(10, 3, 3.0, 5.0), (100, 8, 11.0, 16.0)]
+)
+def test_alignfed_per_sample_form_has_about_c_over_k_times_the_gradient(
+    classes, present, low, high
+):
+    # The form used before revision 1 pulled about 4x (C = 10) to 13x (C = 100) harder.
+    torch.manual_seed(0)
+    anchors = uniform_anchors(classes, 64, 2000, 0.1, 0.5)
+    y = torch.randint(0, present, (100,)) * (classes // present)
+    feats = torch.randn(100, 64, requires_grad=True)
+
+    def grad(form: str) -> Tensor:
+        return torch.autograd.grad(anchor_loss(feats, y, anchors, 1.0, form), feats)[0]
+
+    ratio = float(grad("sample_softmax").norm() / grad("anchor_softmax").norm())
+    assert low < ratio < high, ratio
+
+
 def test_alignfed_lambda_schedule_and_bad_options():
     algo = AlignFed(resolve_options("alignfed", {}), _ctx(10, 8, rounds=300))
     assert algo.lam(0) == pytest.approx(20.0)
@@ -138,6 +187,8 @@ def test_alignfed_lambda_schedule_and_bad_options():
     assert algo.lam(300) == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="anchor_tau"):
         resolve_options("alignfed", {"anchor_tau": 0})
+    with pytest.raises(ConfigError, match="client_loss"):
+        resolve_options("alignfed", {"client_loss": "center"})
     with pytest.raises(ConfigError, match="margin_cap"):
         resolve_options("fedtgp", {"margin_cap": -1})
     with pytest.raises(ConfigError, match="server_batch"):
@@ -145,6 +196,30 @@ def test_alignfed_lambda_schedule_and_bad_options():
 
 
 # ---- FedGH -------------------------------------------------------------------------------
+
+
+def _separable_uploads(num_clients: int = 20, held: int = 3) -> list[dict]:
+    """Like one round's uploads: every client's prototypes of 3 of 10 well-separated classes."""
+    g = torch.Generator().manual_seed(0)
+    centres = torch.randn(10, 512, generator=g).abs() * 0.5  # norm ~11, like real features
+    uploads = []
+    for _ in range(num_clients):
+        present = torch.zeros(10, dtype=torch.bool)
+        present[torch.randperm(10, generator=g)[:held]] = True
+        protos = centres[present] + 0.1 * torch.randn(held, 512, generator=g)
+        uploads.append({"protos": protos, "present": present})
+    return uploads
+
+
+@pytest.mark.parametrize(("options", "fits"), [({}, True), ({"server_epochs": 1}, False)])
+def test_fedgh_one_server_step_fits_separable_prototypes(tiny_data, options, fits):
+    # With the authors' 100 server epochs one round fits the 60 uploaded prototypes; the old
+    # default of 1 epoch (one SGD step) left the head at its random initialisation.
+    torch.manual_seed(0)
+    run = prepare(tiny_config(algorithm="fedgh", algo_options=options), dataset=tiny_data)
+    run.algorithm.server_step(_separable_uploads(), 0)
+    acc = run.algorithm.round_metrics()["proto_acc_after"]
+    assert (acc >= 0.95) == fits, acc
 
 
 def test_fedgh_global_head_learns_the_prototypes_and_replaces_client_heads(tiny_data):

@@ -67,6 +67,23 @@ def test_the_setting_field_keeps_old_run_keys():
     assert config.replace(setting="gfl").key() != config.key()
 
 
+@pytest.mark.parametrize("algorithm", ["fedgh", "fedgen", "alignfed"])
+def test_a_revised_method_never_reuses_its_older_records(algorithm):
+    """A revision > 0 (changed defaults or code) enters the key; revision 0 stays out."""
+    import hashlib
+    import json
+
+    def unrevised_key(config: RunConfig) -> str:
+        old = {k: v for k, v in config.to_dict().items() if k not in ("setting", "channels_last")}
+        blob = json.dumps({"config": old, "extra": {}}, sort_keys=True, default=str).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    revised = RunConfig(algorithm=algorithm, channels_last=False)
+    assert revised.key() != unrevised_key(revised)
+    plain = RunConfig(algorithm="local", channels_last=False)
+    assert plain.key() == unrevised_key(plain)
+
+
 # ---- aggregation -----------------------------------------------------------------------------
 def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data):
     run = started(homo_config("fedavg"), tiny_data)

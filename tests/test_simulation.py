@@ -243,3 +243,40 @@ def test_images_are_channels_last_by_default_and_the_layout_is_part_of_the_key(t
     assert tiny_config(channels_last=False).key() == hashlib.sha256(blob).hexdigest()[:16]
     with pytest.raises(ConfigError, match="channels_last"):
         tiny_config(channels_last="yes").validate()
+
+
+@pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])
+def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_data, algorithm):
+    # prototype_source="training" (the authors' code): no extra pass; every batch of every
+    # local epoch counts, with the model as it was at that step (train mode).
+    options = {"prototype_source": "training"}
+    run = prepare(tiny_config(algorithm=algorithm, algo_options=options), dataset=tiny_data)
+    algo, client = run.algorithm, run.clients[1]
+    if run.first_broadcast is not None:
+        algo.receive(client, run.first_broadcast)
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    labels: list[torch.Tensor] = []
+    real_loss = algo.train_loss
+
+    def spy(c, x, y):
+        labels.append(y)
+        return real_loss(c, x, y)
+
+    hook = client.model.features.register_forward_hook(
+        lambda m, i, out: seen.append(out.detach().float())
+    )
+    client.train(spy, 2, 20, torch.Generator().manual_seed(0))
+    hook.remove()
+    feats, ys = torch.cat(seen), torch.cat(labels)
+    upload = algo.upload(client)
+    for c in ys.unique().tolist():
+        torch.testing.assert_close(
+            upload["protos"][c], feats[ys == c].mean(0), rtol=1e-4, atol=1e-5
+        )
+    assert torch.equal(upload["counts"], client.class_counts())  # weights stay sample counts
+    assert len(ys) >= 2 * (client.num_train - 20)  # both epochs were recorded
+    with pytest.raises(RuntimeError, match="no training features"):
+        algo.upload(client)  # the sums were used up: a second upload needs new training
+    default = prepare(tiny_config(algorithm=algorithm), dataset=tiny_data).algorithm.opts
+    # FedTSP: the paper's Eq. 5 (a pass after training); FedProto: the authors' code.
+    assert default.prototype_source == {"fedtsp": "pass", "fedproto": "training"}[algorithm]

@@ -216,6 +216,38 @@ def test_replace_first_position(minilm, n_ctx):
     assert ids[pl.class_index.tolist().index(1), n_ctx] == plain[0, 1]  # first real word kept
 
 
+@pytest.mark.parametrize("n_ctx", [1, 3])
+def test_overwrite_first_position_is_the_authors_code(minilm, n_ctx):
+    prompts = _three_class_prompts()
+    pl = PromptLearner(minilm, prompts, n_ctx=n_ctx, position="overwrite_first")
+    e, ids = pl.spliced_embeddings(), pl.token_ids
+    plain, _ = minilm.tokenize([t for p in prompts for t in p])
+    assert torch.equal(ids, plain)  # no placeholders: the plain tokenised prompts
+    # positions 0..n_ctx-1 ([CLS] and the first n_ctx-1 real tokens) hold the context vectors
+    for p, c in enumerate(pl.class_index.tolist()):
+        torch.testing.assert_close(e[p, :n_ctx], pl.ctx[c], atol=0, rtol=0)
+    frozen = minilm.embed_tokens(ids)
+    torch.testing.assert_close(e[:, n_ctx:], frozen[:, n_ctx:], atol=0, rtol=0)
+    if n_ctx == 1:  # with one vector it is exactly replace_first (CIFAR-10's m = 1)
+        other = PromptLearner(minilm, prompts, n_ctx=1, position="replace_first")
+        other.ctx.data.copy_(pl.ctx.data)
+        assert torch.equal(other.spliced_embeddings(), e)
+        torch.testing.assert_close(other(), pl(), atol=0, rtol=0)
+    else:  # m > 1 erases real words, so the prototypes differ from replace_first's
+        other = PromptLearner(minilm, prompts, n_ctx=n_ctx, position="replace_first")
+        other.ctx.data.copy_(pl.ctx.data)
+        assert not torch.allclose(other(), pl(), atol=1e-4)
+
+
+def test_overwrite_first_on_a_prompt_shorter_than_n_ctx(minilm):
+    pl = PromptLearner(
+        minilm, [["cat"], ["a photo of a big dog"]], n_ctx=5, position="overwrite_first"
+    )
+    e = pl.spliced_embeddings()
+    assert e.shape == pl.token_embeddings.shape  # writing past a short prompt keeps the length
+    assert torch.isfinite(pl()).all()
+
+
 def test_after_start_position(minilm):
     n_ctx = 2
     prompts = _three_class_prompts()

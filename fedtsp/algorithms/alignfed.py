@@ -1,10 +1,20 @@
 """AlignFed (Zhu, Liu, Tang and Niu, IEEE Transactions on Mobile Computing, 2024).
 
 The server builds fixed class anchors once, spread uniformly over the unit hypersphere,
-and clients add ``lambda(t) * CE(cos(f(x), anchors) / temperature, y)``, pulling every
-feature to its class's anchor, with lambda decaying from ``lam_start`` to ``lam_end``
-over the run. Feature extractors stay personal; the small heads are averaged (FedAvg,
-weighted by sample counts) every round and sent back to all clients.
+and clients add ``lambda(t)`` times a contrastive loss that pulls every feature to its
+class's anchor, with lambda decaying from ``lam_start`` to ``lam_end`` over the run.
+Feature extractors stay personal; the small heads are averaged (FedAvg, weighted by sample
+counts) every round and sent back to all clients.
+
+Client loss (``client_loss``), with s_ic = cos(f(x_i), a_c) / temperature on a batch of B:
+
+- ``"anchor_softmax"`` (default; the authors' code behind Table 1): for each anchor c a
+  softmax over the batch's samples, -log(exp(s_ic) / sum_j exp(s_jc)) averaged over the
+  positives i of class c, then averaged over all C anchors, an anchor without positives in
+  the batch counting 0.
+- ``"sample_softmax"``: for each sample a cross-entropy over the C anchors,
+  CE(s_i, y_i), averaged over the batch. At the same lambda its gradient is about C / k
+  times the default's (k = classes in the batch).
 
 Anchors (paper: "Aligning before Aggregating: Enabling Communication Efficient
 Cross-Domain Federated Learning via Consistent Feature Extraction"): start uniform in
@@ -14,6 +24,8 @@ self-similarity (always 1) is left out of the log-sum-exp. The gradient is writt
 and the steps run in the span of the initial anchors (at most C dimensions, which every
 step stays in), in float64 numpy: identical to autograd SGD up to rounding, and 100,000
 steps take about 2 s for C = 10 instead of minutes.
+
+Revision 1 (run keys): ``"sample_softmax"`` was the only form before.
 
 Departures: the anchors and the server's initial head (a copy of client 0's) are sent
 once in the set-up message, so every client starts from the same head; the weight
@@ -34,6 +46,8 @@ from fedtsp.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client
 
+CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
+
 
 @dataclass
 class AlignFedOptions:
@@ -43,6 +57,9 @@ class AlignFedOptions:
     anchor_iters: int = option(100_000, "SGD steps that spread the anchors on the sphere")
     anchor_lr: float = option(0.1, "learning rate of the anchor construction")
     anchor_tau: float = option(0.5, "temperature of the anchors' uniformity loss")
+    client_loss: str = option(
+        "anchor_softmax", "anchor_softmax (authors' code) or sample_softmax (per-sample CE)"
+    )
 
     def validate(self) -> None:
         if not self.lam_start > 0 or not self.lam_end > 0:
@@ -57,6 +74,11 @@ class AlignFedOptions:
             raise ValueError(f"anchor_lr={self.anchor_lr} is invalid; must be > 0")
         if not self.anchor_tau > 0:
             raise ValueError(f"anchor_tau={self.anchor_tau} is invalid; must be > 0")
+        if self.client_loss not in CLIENT_LOSSES:
+            raise ValueError(
+                f"client_loss={self.client_loss!r} is invalid; choose one of "
+                f"{', '.join(CLIENT_LOSSES)}"
+            )
 
 
 def uniform_anchors(num_classes: int, dim: int, iters: int, lr: float, tau: float) -> Tensor:
@@ -84,10 +106,22 @@ def uniform_anchors(num_classes: int, dim: int, iters: int, lr: float, tau: floa
     return torch.from_numpy(anchors).float()
 
 
+def anchor_loss(feats: Tensor, y: Tensor, anchors: Tensor, temperature: float, form: str) -> Tensor:
+    """The client's alignment term (see the module docstring for the two forms)."""
+    sims = F.normalize(feats.float(), dim=1) @ anchors.T / temperature  # (B, C); unit anchors
+    if form == "sample_softmax":
+        return F.cross_entropy(sims, y)
+    log_p = sims.log_softmax(dim=0)  # per anchor, over the batch's samples
+    positives = F.one_hot(y, anchors.shape[0]).to(log_p.dtype)
+    per_anchor = (log_p * positives).sum(0) / positives.sum(0).clamp(min=1)
+    return -per_anchor.mean()
+
+
 @register
 class AlignFed(Algorithm):
     name = "alignfed"
     Options = AlignFedOptions
+    revision = 1
 
     def setup(self, clients: list[Client]) -> Message:
         opts = self.opts
@@ -119,8 +153,7 @@ class AlignFed(Algorithm):
         anchors = client.state.get("anchors")
         if anchors is None:
             return None
-        sims = F.normalize(feats.float(), dim=1) @ anchors.T  # anchors are unit-norm
-        loss = F.cross_entropy(sims / self.opts.temperature, y)
+        loss = anchor_loss(feats, y, anchors, self.opts.temperature, self.opts.client_loss)
         return self.lam(client.state["round"]) * loss
 
     def upload(self, client: Client) -> Message:

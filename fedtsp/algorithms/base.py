@@ -63,6 +63,9 @@ class Algorithm:
     Options: ClassVar[type] = NoOptions
     # Settings the method is defined for (RunConfig.setting rejects the others).
     settings: ClassVar[tuple[str, ...]] = ("htfl",)
+    # Bumped when a change of defaults or of the method's code gives its earlier run records
+    # another meaning: a revision > 0 enters the run key, so those records are never reused.
+    revision: ClassVar[int] = 0
 
     def __init__(self, options: Any, ctx: RunContext) -> None:
         self.opts = options

@@ -1,30 +1,39 @@
 """FedGen (Zhu, Hong and Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
 Learning", ICML 2021), in the heterogeneous-model form of HtFLlib.
 
-The server learns a conditional feature generator G(z, y) -> R^d such that the ensemble of the
-clients' uploaded heads classifies G(z, y) as y; clients add ``gen_weight * CE(head(G(z, y)),
-y)`` on generated features, labels drawn from the global label distribution, so their heads
-learn the federation's feature distribution. As in HtFLlib the heads are also averaged
-(sample-weighted) and sent back (``share_head``), and all heads start from client 0's.
+The server holds a conditional feature generator G(z, y) -> R^d; clients add
+``gen_weight * CE(head(G(z, y)), y)`` on generated features, labels drawn from the global
+label distribution, so their heads learn the federation's feature distribution. As in
+HtFLlib the heads are also averaged (sample-weighted) and sent back (``share_head``), and all
+heads start from client 0's.
 
 Generator: ``[one_hot(y), z] -> Linear(noise_dim + C, hidden_dim) -> BatchNorm1d -> ReLU ->
-Linear(hidden_dim, d)``, trained for ``server_epochs`` Adam steps per round on batches of
-``server_batch`` labels drawn from the global label counts; the Adam state starts afresh
-every round, as in HtFLlib. Its batch norm always uses batch statistics (HtFLlib never
-switches the generator to eval mode), so it has no running buffers to send.
+Linear(hidden_dim, d)``. Its batch norm always uses batch statistics (HtFLlib never switches
+the generator to eval mode), so it has no running buffers to send.
 
-Paper vs authors' code: noise is N(0, I) as in the paper (``noise="gaussian"``; the code
-draws U[0, 1), ``"uniform"``); each generated sample's ensemble logits weight client k by its
-share of that sample's class, as in the paper (``ensemble_weighting="class_counts"``; the code
-weights by total train size, ``"client_size"``); the paper's generator loss has a diversity
-term (``diversity_weight``: 0 by default, as in the authors' code; FedGen's own code uses 1).
-FedGen's clients also decay the generator term's weight over rounds; like HtFLlib,
-``gen_weight`` stays constant. The authors' code never saves the trained generator (it is loaded from disk, trained, and dropped), so
-their clients regularise with the randomly initialised one from round 0:
-``frozen_generator=True`` reproduces that. With a trained generator, clients add the term only
-once the first trained generator has arrived (a random one carries no class information).
-The label counts used in round 0 of ``frozen_generator`` are read from the clients at set-up,
-as the authors' server does.
+Defaults are those of the runs behind the paper's Table 1 (the authors' FedGen script with
+HtFLlib's code). There the server trains a generator every round but never saves it: the
+clients load the randomly initialised generator saved at start-up, so the paper's FedGen
+numbers come from a **frozen random generator** (``frozen_generator=True``, the label counts
+read from the clients at set-up, the term added from round 0), with U[0, 1) noise
+(``noise="uniform"``).
+
+``frozen_generator=False`` is FedGen's own method: ``server_epochs`` Adam steps per round
+(a fresh Adam every round, as in HtFLlib) on batches of ``server_batch`` labels drawn from
+the global label counts, so that the ensemble of the uploaded heads classifies G(z, y) as y.
+Each generated sample's ensemble weights client k by its share of that sample's class, as
+in the paper (``ensemble_weighting="class_counts"``; HtFLlib weights by train size,
+``"client_size"``); the paper's diversity term has weight ``diversity_weight`` (FedGen's own
+code: 1). Clients add the term once the first trained generator has arrived (a random one
+carries no class information). Departure, needed for it to work at all: the ensemble's
+cross-entropy falls without bound as generated features grow (the logits are linear in
+them), so at the authors' generator lr 0.1 the features grew to 45-260 in norm against 7-15
+for real ones and the clients' heads diverged. The trained generator's outputs are
+therefore rescaled to the clients' mean real-feature norm: each client measures it on its
+training forward passes (no extra pass) and uploads it with its head. FedGen's clients
+also decay the term's weight over rounds; like HtFLlib, ``gen_weight`` stays constant.
+
+Revision 1 (run keys): the defaults were the trained, unbounded generator with Gaussian noise.
 """
 
 from __future__ import annotations
@@ -55,12 +64,12 @@ class FedGenOptions:
     gen_weight: float = option(1.0, "weight of the clients' CE on generated features")
     share_head: bool = option(True, "average the heads too, as HtFLlib's FedGen does")
     ensemble_weighting: str = option(
-        "class_counts", "head ensemble weights: class_counts (paper) or client_size (code)"
+        "class_counts", "trained generator's head ensemble: class_counts (paper) or client_size"
     )
-    noise: str = option("gaussian", "generator noise: gaussian (paper) or uniform (code)")
-    diversity_weight: float = option(0.0, "weight of FedGen's diversity term (code: 0)")
+    noise: str = option("uniform", "generator noise: uniform (authors' code) or gaussian (paper)")
+    diversity_weight: float = option(0.0, "weight of FedGen's diversity term (HtFLlib: 0)")
     frozen_generator: bool = option(
-        False, "keep the random initial generator, as the authors' code effectively does"
+        True, "keep the random initial generator, as the authors' runs did; false: train it"
     )
 
     def validate(self) -> None:
@@ -100,14 +109,20 @@ class FeatureGenerator(nn.Module):
             nn.Linear(hidden_dim, feature_dim),
         )
 
-    def forward(self, labels: Tensor) -> tuple[Tensor, Tensor]:
-        """Features for ``labels`` (N,) and the noise that produced them."""
+    def forward(self, labels: Tensor, norm: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Features for ``labels`` (N,) and the noise that produced them.
+
+        ``norm``: rescale every feature to this L2 norm (the trained generator's bound).
+        """
         shape, device = (labels.shape[0], self.noise_dim), labels.device
         eps = torch.randn(shape, device=device)
         if self.noise == "uniform":
             eps = torch.rand(shape, device=device)
         onehot = F.one_hot(labels, self.num_classes).float()
-        return self.net(torch.cat([onehot, eps], dim=1)), eps
+        feats = self.net(torch.cat([onehot, eps], dim=1))
+        if norm is not None:
+            feats = feats * (norm / feats.norm(dim=1, keepdim=True).clamp_min(1e-12))
+        return feats, eps
 
 
 def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
@@ -124,6 +139,7 @@ def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
 class FedGen(Algorithm):
     name = "fedgen"
     Options = FedGenOptions
+    revision = 1
 
     def setup(self, clients: list[Client]) -> Message:
         opts = self.opts
@@ -132,6 +148,7 @@ class FedGen(Algorithm):
             client.state["generator"] = self._new_generator()  # weights come with broadcasts
         self.global_head: dict[str, Tensor] | None = None
         self.label_counts: Tensor | None = None
+        self.feature_norm: Tensor | None = None  # trained generator only (see the docstring)
         self.global_protos: Tensor | None = None
         self.last: dict[str, float] = {
             "generator_loss": float("nan"),
@@ -161,28 +178,39 @@ class FedGen(Algorithm):
 
     def _generator_message(self) -> Message:
         weights = {_GEN + k: v.detach() for k, v in self.generator.state_dict().items()}
-        return weights | {"label_counts": self.label_counts}
+        norm = {} if self.feature_norm is None else {"feature_norm": self.feature_norm}
+        return weights | norm | {"label_counts": self.label_counts}
 
     # ---- client side ----------------------------------------------------------------
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
+        if not self.opts.frozen_generator:  # the real-feature norm, from this forward pass
+            norms = client.state.setdefault("norm_sum", torch.zeros((), device=feats.device))
+            norms += feats.detach().float().norm(dim=1).sum()
+            client.state["norm_count"] = client.state.get("norm_count", 0) + feats.shape[0]
         counts = client.state.get("label_counts")
         if counts is None or self.opts.gen_weight == 0:
             return None
         with torch.no_grad():  # the generator is the server's; only the head learns here
             labels = torch.multinomial(counts.float(), y.shape[0], replacement=True)
-            generated, _ = client.state["generator"](labels)
+            generated, _ = client.state["generator"](labels, client.state.get("feature_norm"))
         out = client.model.head(generated.to(feats.dtype))
         return self.opts.gen_weight * F.cross_entropy(out.float(), labels)
 
     def upload(self, client: Client) -> Message:
         head = client.model.head
-        return {
+        out = {
             "head_weight": head.weight.detach().float(),
             "head_bias": head.bias.detach().float(),
             "counts": client.class_counts(),
         }
+        if not self.opts.frozen_generator:  # mean real-feature norm of this round's training
+            count = client.state.pop("norm_count", 0)
+            total = client.state.pop("norm_sum", torch.zeros(()))
+            out["feature_norm"] = total.cpu() / max(count, 1)
+            out["norm_count"] = torch.tensor(float(count))
+        return out
 
     def receive(self, client: Client, broadcast: Message) -> None:
         if "head_weight" in broadcast:
@@ -191,6 +219,8 @@ class FedGen(Algorithm):
             weights = {k[len(_GEN) :]: v for k, v in broadcast.items() if k.startswith(_GEN)}
             client.state["generator"].load_state_dict(weights)
             client.state["label_counts"] = broadcast["label_counts"].to(client.device)
+            if "feature_norm" in broadcast:
+                client.state["feature_norm"] = broadcast["feature_norm"].to(client.device)
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
@@ -207,6 +237,9 @@ class FedGen(Algorithm):
             }
         if not self.opts.frozen_generator:
             self.label_counts = counts.sum(0).long().cpu()
+            seen = torch.stack([u["norm_count"] for u in uploads]).to(device)
+            norms = torch.stack([u["feature_norm"] for u in uploads]).to(device)
+            self.feature_norm = (norms * seen).sum() / seen.sum().clamp(min=1)
             self._train_generator(weight, bias, counts)
             broadcast |= self._generator_message()
         self.global_protos = self._class_means()
@@ -229,7 +262,7 @@ class FedGen(Algorithm):
         gen.train()
         for _ in range(opts.server_epochs):
             labels = torch.multinomial(label_p, opts.server_batch, replacement=True)
-            feats, eps = gen(labels)
+            feats, eps = gen(labels, self.feature_norm)
             per_head = torch.einsum("nd,kcd->knc", feats, weight) + bias[:, None, :]
             logits = (share[:, labels].unsqueeze(-1) * per_head).sum(0)
             loss = F.cross_entropy(logits, labels)
@@ -248,7 +281,7 @@ class FedGen(Algorithm):
         """Mean generated feature per class (zero rows for classes nobody holds)."""
         present = (self.label_counts > 0).nonzero().flatten().to(self.ctx.device)
         labels = present.repeat(_PROTO_SAMPLES)  # balanced batch: batch-norm stats are shared
-        feats, _ = self.generator(labels)
+        feats, _ = self.generator(labels, self.feature_norm)
         out = torch.zeros(self.ctx.num_classes, feats.shape[1], device=feats.device)
         out.index_add_(0, labels, feats)
         return out / _PROTO_SAMPLES
@@ -269,6 +302,7 @@ class FedGen(Algorithm):
             "generator": self.generator.state_dict(),
             "global_head": self.global_head,
             "label_counts": self.label_counts,
+            "feature_norm": self.feature_norm,
             "global_protos": self.global_protos,
             "last": self.last,
         }
@@ -277,5 +311,6 @@ class FedGen(Algorithm):
         self.generator.load_state_dict(state["generator"])
         self.global_head = state["global_head"]
         self.label_counts = state["label_counts"]
+        self.feature_norm = state["feature_norm"]
         self.global_protos = state["global_protos"]
         self.last = state["last"]

@@ -5,11 +5,16 @@ of the classes it holds; the server trains one global head ``Linear(d, C)`` on t
 (prototype, class) pairs with cross-entropy and sends it back, and every client replaces
 its own head with it.
 
-Departures: the server's pass over the uploaded pairs is ``server_epochs`` epochs of SGD
-in shuffled mini-batches of ``server_batch`` (the HtFLlib code's choice: one epoch, batch
-100). The server's head starts as a copy of client 0's head, sent once in the set-up
-message, so every client starts from the same head. Evaluation uses each client's head,
-which is the global head received at the end of the previous round.
+Defaults are those of the runs behind the paper's Table 1 (the authors' FedGH script leaves
+HtFLlib's defaults in place): ``server_epochs`` = 100 epochs of plain SGD (lr 0.01, a fresh
+optimiser every round) over the uploaded pairs in shuffled mini-batches of ``server_batch``
+= 100 (the clients' batch size). With ~60 uploaded prototypes per round one epoch is a
+single SGD step, which leaves the head near its random initialisation. The server's head
+starts as a copy of client 0's head, sent once in the set-up message, so every client
+starts from the same head. Evaluation uses each client's head, which is the global head
+received at the end of the previous round.
+
+Revision 1 (run keys): ``server_epochs`` defaulted to 1 before; those records are not reused.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from fedtsp.clients import Client
 @dataclass
 class FedGHOptions:
     server_lr: float = option(0.01, "SGD learning rate of the global head")
-    server_epochs: int = option(1, "server epochs over the uploaded (prototype, class) pairs")
+    server_epochs: int = option(
+        100, "server epochs over the uploaded (prototype, class) pairs (HtFLlib -se)"
+    )
     server_batch: int = option(100, "server mini-batch of uploaded prototypes")
 
     def validate(self) -> None:
@@ -44,6 +51,7 @@ class FedGHOptions:
 class FedGH(Algorithm):
     name = "fedgh"
     Options = FedGHOptions
+    revision = 1
 
     def setup(self, clients: list[Client]) -> Message:
         first = clients[0].model.head

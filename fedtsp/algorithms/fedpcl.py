@@ -54,6 +54,7 @@ class FedPCL(FedProto):
     name = "fedpcl"
     Options = FedPCLOptions
     settings = ("pfl",)
+    revision = 0  # FedProto's revision 1 changed FedProto's defaults, not this method's
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         feats = client.model.features(x)
@@ -79,7 +80,9 @@ class FedPCL(FedProto):
         return prototype_logits(client.model.features(x), protos, present, 1.0).clamp(min=-1e4)
 
     def upload(self, client: Client) -> Message:
-        message = super().upload(client)
+        # A pass after training: this train_loss never calls the recording local_loss.
+        means, counts = client.class_prototypes()
+        message = {"protos": means, "counts": counts}
         client.state["local_protos"], client.state["local_present"] = (
             message["protos"],
             message["counts"] > 0,

@@ -1,11 +1,17 @@
 """FedProto (Tan et al., AAAI 2022): federated prototype learning.
 
 Clients upload their class-mean features; the server averages them per class into global
-prototypes; clients add ``lam * MSE(f(x), P_y)`` to their cross-entropy. Departures:
-evaluation uses each client's own head, as the FedTSP protocol prescribes; HtFLlib's
-FedProto classifies by the nearest global prototype instead (``eval_mode="prototype"``).
-The paper weights the average by sample counts; HtFLlib uses an unweighted mean over the
-clients holding the class (``weighting="uniform"``).
+prototypes; clients add ``lam * MSE(f(x), P_y)`` to their cross-entropy.
+
+Defaults are those of the runs behind the paper's Table 1 (the authors' fork of HtFLlib,
+lambda = 1 from their script): the class means are collected from the training forward
+passes of all local epochs (``prototype_source="training"``; the paper's own Algorithm 1 runs
+a pass after training, ``"pass"``), averaged unweighted over the clients holding the class
+(``weighting="uniform"``; the paper weights by sample counts, ``"samples"``), and every client
+is evaluated through its own head, as the fork does. Upstream HtFLlib classifies by the
+nearest global prototype instead (``eval_mode="prototype"``).
+
+Revision 1 (run keys): the defaults were ``weighting="samples"``, ``prototype_source="pass"``.
 """
 
 from __future__ import annotations
@@ -18,19 +24,23 @@ from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes, check_weighting
 from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.clients import Client
+from fedtsp.clients import Client, check_prototype_source
 
 
 @dataclass
 class FedProtoOptions:
     lam: float = option(1.0, "weight of the MSE pull towards the global prototype")
-    weighting: str = option("samples", "prototype average: samples (paper) or uniform (code)")
-    eval_mode: str = option("head", "head (protocol) or prototype (nearest global prototype)")
+    weighting: str = option("uniform", "prototype average: uniform (authors' code) or samples")
+    eval_mode: str = option("head", "head (authors' code) or prototype (nearest, HtFLlib)")
+    prototype_source: str = option(
+        "training", "client prototypes: training (forward passes, authors' code) or pass"
+    )
 
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
         check_weighting(self.weighting)
+        check_prototype_source(self.prototype_source)
         if self.eval_mode not in ("head", "prototype"):
             raise ValueError(f"eval_mode={self.eval_mode!r} is invalid; choose head or prototype")
 
@@ -39,10 +49,13 @@ class FedProtoOptions:
 class FedProto(Algorithm):
     name = "fedproto"
     Options = FedProtoOptions
+    revision = 1
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
+        if self.opts.prototype_source == "training":
+            client.record_features(feats, y)
         protos, present = client.state.get("protos"), client.state.get("present")
         if protos is None or self.opts.lam == 0:
             return None
@@ -59,7 +72,7 @@ class FedProto(Algorithm):
         return (-dist).masked_fill(~client.state["present"], float("-inf"))
 
     def upload(self, client: Client) -> Message:
-        means, counts = client.class_prototypes()
+        means, counts = client.prototypes(self.opts.prototype_source)
         return {"protos": means, "counts": counts}
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:

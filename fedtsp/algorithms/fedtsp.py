@@ -9,9 +9,15 @@ with the server-learnt temperature. Heads stay personal.
 
 Paper vs authors' code: the paper averages image prototypes weighted by sample counts
 (Eq. 6, ``weighting="samples"``); the code uses an unweighted mean over the clients that
-hold the class (``weighting="uniform"``). The authors' code writes the context vectors
-over the first token positions including the start token (``prompt_position=
-"replace_first"``); ``"after_start"`` keeps the start/[CLS] token.
+hold the class (``weighting="uniform"``). Context vectors (``prompt_position``, see
+``fedtsp.models.prompts``): by default they replace the start token and m-1 placeholder
+tokens inserted after it (the paper's "replace the first m token embeddings"); the
+authors' code overwrites the first m positions of the plain prompt, start token and
+m-1 real tokens included (``"overwrite_first"``; identical for m = 1, CIFAR-10);
+``"after_start"`` keeps the start/[CLS] token. Image prototypes (``prototype_source``): by
+default a pass with the trained model after local training (Eq. 5, "at the end of each
+training round"); the authors' code averages the features of the training forward passes
+of all local epochs instead (``"training"``, no extra pass).
 
 Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) every client
 holds the same architecture, and the whole model, head included, is averaged with FedAvg
@@ -42,7 +48,7 @@ from fedtsp.algorithms.fedavg import (
     model_message,
     with_sample_count,
 )
-from fedtsp.clients import Client
+from fedtsp.clients import Client, check_prototype_source
 from fedtsp.descriptions import (
     description_set_path,
     handcrafted_prompts,
@@ -69,12 +75,17 @@ class FedTSPOptions:
     prompt_tokens: int | None = option(
         None, "context vectors per class m (unset: 1 on CIFAR-10, else 10)"
     )
-    prompt_position: str = option("replace_first", "replace_first (authors) or after_start")
+    prompt_position: str = option(
+        "replace_first", "replace_first (paper), overwrite_first (authors' code) or after_start"
+    )
     server_epochs: int | None = option(
         None, "server InfoNCE steps E_s (unset: 1 on CIFAR-10, else 20)"
     )
     server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale")
     weighting: str = option("samples", "image-prototype average: samples (paper) or uniform (code)")
+    prototype_source: str = option(
+        "pass", "image prototypes: pass after training (Eq. 5) or training (forward passes, code)"
+    )
     dp_epsilon: float | None = option(
         None, "privacy budget of the client-side DP description upload (unset: no DP)"
     )
@@ -101,12 +112,15 @@ class FedTSPOptions:
             raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
         if not self.server_lr > 0:
             raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
-        if self.prompt_position not in ("replace_first", "after_start"):
+        from fedtsp.models.prompts import PROMPT_POSITIONS
+
+        if self.prompt_position not in PROMPT_POSITIONS:
             raise ValueError(
                 f"prompt_position={self.prompt_position!r} is invalid; "
-                "choose replace_first or after_start"
+                f"choose one of {', '.join(PROMPT_POSITIONS)}"
             )
         check_weighting(self.weighting)
+        check_prototype_source(self.prototype_source)
         if self.prompts not in PROMPT_VARIANTS:
             raise ValueError(
                 f"prompts={self.prompts!r} is invalid; choose one of {', '.join(PROMPT_VARIANTS)}"
@@ -237,6 +251,8 @@ class FedTSP(Algorithm):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
+        if self.opts.prototype_source == "training":
+            client.record_features(feats, y)
         text = client.state.get("text_protos")
         if text is None or self.opts.lam == 0:
             return None
@@ -244,7 +260,7 @@ class FedTSP(Algorithm):
         return self.opts.lam * F.cross_entropy(client.state["logit_scale"].exp() * sims, y)
 
     def upload(self, client: Client) -> Message:
-        means, counts = client.class_prototypes()
+        means, counts = client.prototypes(self.opts.prototype_source)
         if self.ctx.homogeneous:
             return with_sample_count(
                 client, {"protos": means, "counts": counts} | model_message(client.model)

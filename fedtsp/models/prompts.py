@@ -7,10 +7,15 @@ mean of the encoder features of the k prompts with v_c written into their token 
 Where the context vectors go (`position`), for a BERT-style token sequence
 `[CLS] w1 w2 ... [SEP]` (CLIP: `<sot> ... <eot>` in the same way):
 
-- `"replace_first"` (default; the authors' code): the prompt is tokenised with m-1 placeholder
-  tokens after the start token, `[CLS] X .. X w1 ...`, and v_c overwrites positions 0..m-1,
-  i.e. the start token *and* the m-1 placeholders. No real word is ever overwritten, and no
+- `"replace_first"` (default; the paper's "the context vectors replace the first m token
+  embeddings", read CoOp-style): the prompt is tokenised with m-1 placeholder tokens after
+  the start token, `[CLS] X .. X w1 ...`, and v_c overwrites positions 0..m-1, i.e. the
+  start token *and* the m-1 placeholders. No real word is ever overwritten, and no
   placeholder is left behind. With m = 1 only the start token is replaced.
+- `"overwrite_first"` (the authors' code): no placeholders; v_c overwrites positions 0..m-1
+  of the plain tokenised prompt, so with m > 1 it erases the first m-1 real tokens (m = 10:
+  "<start> a photo of a <class> :" and the description's first words). Positions beyond a
+  short prompt's end stay masked out. With m = 1 it equals `"replace_first"`.
 - `"after_start"` (CoOp style): m placeholders are reserved, `[CLS] X .. X w1 ...`, and v_c
   overwrites positions 1..m; the start token keeps its pre-trained embedding.
 
@@ -34,7 +39,7 @@ from fedtsp.models.text import TextEncoder
 
 __all__ = ["PROMPT_POSITIONS", "PromptLearner"]
 
-PROMPT_POSITIONS = ("replace_first", "after_start")
+PROMPT_POSITIONS = ("replace_first", "overwrite_first", "after_start")
 
 
 class PromptLearner(nn.Module):
@@ -72,8 +77,10 @@ class PromptLearner(nn.Module):
         # replace_first overwrites the start token too, so it needs one placeholder fewer.
         if position == "after_start":
             self.ctx_start, n_reserved = 1, n_ctx
-        else:
+        elif position == "replace_first":
             self.ctx_start, n_reserved = 0, max(n_ctx - 1, 0)
+        else:
+            self.ctx_start, n_reserved = 0, 0
         ids, mask = encoder.tokenize(flat, extra_tokens=n_reserved)
         with torch.no_grad():
             embeds = encoder.embed_tokens(ids)
@@ -122,7 +129,8 @@ class PromptLearner(nn.Module):
             return e
         s, m = self.ctx_start, self.n_ctx
         ctx = self.ctx[self.class_index].to(e.dtype)  # (P, m, d'), shared by a class's prompts
-        return torch.cat([e[:, :s], ctx, e[:, s + m :]], dim=1)
+        # [:, :L]: overwrite_first on prompts shorter than m writes past their end (masked).
+        return torch.cat([e[:, :s], ctx, e[:, s + m :]], dim=1)[:, : e.shape[1]]
 
     def forward(self) -> Tensor:
         """Class text prototypes (C, d): mean feature of each class's prompts."""
