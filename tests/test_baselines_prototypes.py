@@ -265,3 +265,25 @@ def test_learns_and_counts_bytes(tmp_path, tiny_data, algorithm):
     assert artifacts["global_prototypes"].shape == (c, d)
     if algorithm == "fedgh":
         assert artifacts["global_head"].shape == (c, d)
+
+
+@pytest.mark.parametrize("algorithm", ["fedproto", "fedtgp"])
+def test_prototype_evaluation_picks_the_nearest_global_prototype(tiny_data, algorithm):
+    # HtFLlib's FedProto / FedTGP score a test image by its nearest global prototype.
+    config = tiny_config(algorithm=algorithm, algo_options={"eval_mode": "prototype"})
+    run = _start(config, tiny_data)
+    client = run.clients[0]
+    x = client.test_x[:30]
+    assert torch.equal(run.algorithm.predict(client, x), client.model(x))  # none yet: the head
+    _round(run, 0)
+    protos = client.state["protos"]
+    with torch.no_grad():
+        feats = client.model.features(x).float()
+        logits = run.algorithm.predict(client, x)
+    nearest = torch.cdist(feats, protos).argmin(1)
+    if algorithm == "fedproto":  # classes nobody holds have no prototype and never win
+        missing = ~client.state["present"]
+        nearest = torch.cdist(feats, protos).masked_fill(missing, float("inf")).argmin(1)
+        assert bool(torch.isinf(logits[:, missing]).all())
+    assert torch.equal(logits.argmax(1), nearest)
+    assert not torch.equal(logits, client.model(x))  # not the head any more

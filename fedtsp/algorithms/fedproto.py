@@ -27,6 +27,11 @@ from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.clients import Client, check_prototype_source
 
 
+def check_eval_mode(mode: str) -> None:
+    if mode not in ("head", "prototype"):
+        raise ValueError(f"eval_mode={mode!r} is invalid; choose head or prototype")
+
+
 @dataclass
 class FedProtoOptions:
     lam: float = option(1.0, "weight of the MSE pull towards the global prototype")
@@ -41,8 +46,15 @@ class FedProtoOptions:
             raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
         check_weighting(self.weighting)
         check_prototype_source(self.prototype_source)
-        if self.eval_mode not in ("head", "prototype"):
-            raise ValueError(f"eval_mode={self.eval_mode!r} is invalid; choose head or prototype")
+        check_eval_mode(self.eval_mode)
+
+
+def nearest_prototype_logits(
+    client: Client, x: Tensor, protos: Tensor, present: Tensor | None = None
+) -> Tensor:
+    """-||f(x) - P_c|| per class (HtFLlib's prototype evaluation); absent classes get -inf."""
+    dist = torch.cdist(client.model.features(x).float(), protos.float())
+    return -dist if present is None else (-dist).masked_fill(~present, float("-inf"))
 
 
 @register
@@ -67,9 +79,7 @@ class FedProto(Algorithm):
         protos = client.state.get("protos")
         if self.opts.eval_mode == "head" or protos is None:
             return client.model(x)
-        feats = client.model.features(x).float()
-        dist = torch.cdist(feats, protos)
-        return (-dist).masked_fill(~client.state["present"], float("-inf"))
+        return nearest_prototype_logits(client, x, protos, client.state["present"])
 
     def upload(self, client: Client) -> Message:
         means, counts = client.prototypes(self.opts.prototype_source)
