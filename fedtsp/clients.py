@@ -23,13 +23,13 @@ from fedtsp.models.families import ClientModel
 # local training (the paper's Eq. 5); "training", the mean over the features of this round's
 # training forward passes, all local epochs (the authors' and HtFLlib's code; no extra pass).
 PROTOTYPE_SOURCES = ("pass", "training")
-_TRAIN_SUMS = "_training_feature_sums"  # client.state key of the running (sums, seen)
+_TRAIN_SUMS = "_training_class_sums"  # client.state key of the running (sums, seen)
 
 
-def check_prototype_source(source: str) -> None:
+def check_prototype_source(source: str, name: str = "prototype_source") -> None:
     if source not in PROTOTYPE_SOURCES:
         raise ValueError(
-            f"prototype_source={source!r} is invalid; choose one of {', '.join(PROTOTYPE_SOURCES)}"
+            f"{name}={source!r} is invalid; choose one of {', '.join(PROTOTYPE_SOURCES)}"
         )
 
 
@@ -94,8 +94,12 @@ class Client:
         epochs: int,
         batch_size: int,
         generator: torch.Generator,
+        before_step: Callable[[Client], None] | None = None,
     ) -> float:
-        """Run local epochs with ``loss_fn(client, x, y)``; return the mean batch loss."""
+        """Run local epochs with ``loss_fn(client, x, y)``; return the mean batch loss.
+
+        ``before_step(client)`` runs after each backward pass (e.g. gradient clipping).
+        """
         assert self.optimizer is not None, "client has no optimiser"
         self.model.train()
         total = torch.zeros((), device=self.device)
@@ -108,6 +112,8 @@ class Client:
                     loss = loss_fn(self, x, y)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if before_step is not None:
+                    before_step(self)
                 self.optimizer.step()
                 self.model_seconds += time.perf_counter() - start
                 total += loss.detach().float()
@@ -159,19 +165,19 @@ class Client:
         means = sums / counts.clamp(min=1).unsqueeze(1).to(sums.dtype)
         return means, counts
 
-    def record_features(self, feats: Tensor, y: Tensor) -> None:
-        """Add one training batch's features to this round's per-class sums (no grad)."""
+    def record_class_sums(self, values: Tensor, y: Tensor) -> None:
+        """Add one training batch's features (or logits) to this round's per-class sums."""
         if _TRAIN_SUMS not in self.state:
-            sums = torch.zeros(self.num_classes, feats.shape[1], device=feats.device)
-            self.state[_TRAIN_SUMS] = (sums, torch.zeros(self.num_classes, device=feats.device))
+            sums = torch.zeros(self.num_classes, values.shape[1], device=values.device)
+            self.state[_TRAIN_SUMS] = (sums, torch.zeros(self.num_classes, device=values.device))
         sums, seen = self.state[_TRAIN_SUMS]
-        sums.index_add_(0, y, feats.detach().float())
+        sums.index_add_(0, y, values.detach().float())
         seen.index_add_(0, y, torch.ones_like(y, dtype=seen.dtype))
 
     def prototypes(self, source: str) -> tuple[Tensor, Tensor]:
         """Per-class mean features and per-class train counts, from `source` (PROTOTYPE_SOURCES).
 
-        "training" uses (and clears) the sums of `record_features` since the last call.
+        "training" uses (and clears) the sums of `record_class_sums` since the last call.
         """
         if source == "pass":
             return self.class_prototypes()

@@ -260,7 +260,9 @@ def _train_round(run: PreparedRun, round_index: int, timings: dict[str, float]) 
         generator = torch.Generator().manual_seed(derive_seed(cfg.seed, round_index, client.index))
         try:
             losses.append(
-                client.train(algo.train_loss, cfg.local_epochs, cfg.batch_size, generator)
+                client.train(
+                    algo.train_loss, cfg.local_epochs, cfg.batch_size, generator, algo.before_step
+                )
             )
         except NonFiniteLossError as exc:
             raise NonFiniteLossError(f"{exc} in round {round_index}; the run stops here") from None

@@ -145,7 +145,9 @@ def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
 
 def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled():
     ctx = RunContext("cifar10", ["a", "b", "c"], D, 2, 1, torch.device("cpu"), 0)
-    algo = FedDistill(FedDistillOptions(), ctx)
+    # The paper-style variant (the defaults are the fork's: uniform, soft_ce; see below).
+    paper = {"weighting": "samples", "distill_loss": "mse", "logit_source": "pass"}
+    algo = FedDistill(FedDistillOptions(**paper), ctx)
     uploads = [
         {
             "logits": torch.tensor([[2.0, 0, 0], [0, 4, 0], [0, 0, 0]]),
@@ -161,8 +163,16 @@ def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled(
     expected = torch.tensor([[3.0, 0.5, 0], [0, 4, 0], [0, 0, 0]])
     torch.testing.assert_close(broadcast["logits"], expected)
     assert broadcast["present"].tolist() == [True, True, False]
-    uniform = FedDistill(FedDistillOptions(weighting="uniform"), ctx).server_step(uploads, 0)
+    # The fork's defaults (logits recorded from training, which this stand-in client skips).
+    fork = FedDistill(FedDistillOptions(logit_source="pass"), ctx)
+    uniform = fork.server_step(uploads, 0)
     torch.testing.assert_close(uniform["logits"][0], torch.tensor([4.0, 1, 0]))
+    fork_client = SimpleNamespace(state={}, device=torch.device("cpu"))
+    fork.receive(fork_client, uniform)
+    sample = torch.tensor([[1.0, 0.5, 0]], requires_grad=True)
+    soft = fork.local_loss(fork_client, None, torch.tensor([0]), None, sample)
+    target = torch.tensor([4.0, 1, 0]).softmax(0)  # CE towards softmax(G_y)
+    assert soft.item() == pytest.approx(-(target * sample[0].log_softmax(0)).sum().item())
 
     client = SimpleNamespace(state={}, device=torch.device("cpu"))  # what the loss reads
     algo.receive(client, broadcast)
@@ -175,8 +185,30 @@ def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled(
     assert logits.grad[1].abs().sum() == 0
 
 
-def test_feddistill_uploads_the_per_class_mean_logits_of_the_train_split(tiny_data):
+def test_feddistill_fork_logits_are_the_means_of_the_training_passes(tiny_data):
     run = prepare(tiny_config(algorithm="feddistill"), dataset=tiny_data)
+    algo, client = run.algorithm, run.clients[0]
+    seen, labels = [], []
+
+    def spy(c, x, y):
+        labels.append(y)
+        return algo.train_loss(c, x, y)
+
+    hook = client.model.head.register_forward_hook(lambda m, i, out: seen.append(out.detach()))
+    client.train(spy, 2, 20, torch.Generator().manual_seed(0))
+    hook.remove()
+    logits, ys = torch.cat(seen), torch.cat(labels)
+    upload = algo.upload(client)
+    for c in ys.unique().tolist():
+        torch.testing.assert_close(
+            upload["logits"][c], logits[ys == c].mean(0), rtol=1e-4, atol=1e-5
+        )
+    assert torch.equal(upload["counts"], client.class_counts())
+
+
+def test_feddistill_uploads_the_per_class_mean_logits_of_the_train_split(tiny_data):
+    config = tiny_config(algorithm="feddistill", algo_options={"logit_source": "pass"})
+    run = prepare(config, dataset=tiny_data)
     client = run.clients[0]
     means, counts = class_mean_logits(client)
     with torch.no_grad():

@@ -8,12 +8,18 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_factors
-from fedtsp.algorithms.shared_model import shared_weights
+from fedtsp.algorithms.shared_model import distill_kl, shared_weights
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
 from fedtsp.simulation import message_nbytes, prepare, run_experiment
 
 METHODS = ["fml", "fedkd", "fedmrl"]
+# The papers' variants (the defaults are the authors' fork: see test_fork_defaults_*).
+PAPER = {
+    "fml": {"kl_reduction": "batchmean", "weighting": "samples", "grad_clip": None},
+    "fedkd": {"compress": True, "kl_reduction": "batchmean", "weighting": "samples"},
+    "fedmrl": {"weighting": "samples", "projector": "kept", "test_batch_stats": False},
+}
 
 
 def _one_round(run, epochs: int = 1):
@@ -21,7 +27,7 @@ def _one_round(run, epochs: int = 1):
     algo, cfg = run.algorithm, run.config
     for client in run.clients:
         generator = torch.Generator().manual_seed(100 + client.index)
-        client.train(algo.train_loss, epochs, cfg.batch_size, generator)
+        client.train(algo.train_loss, epochs, cfg.batch_size, generator, algo.before_step)
     uploads = [algo.upload(c) for c in run.clients]
     broadcast = algo.server_step(uploads, 0)
     return uploads, broadcast
@@ -40,7 +46,9 @@ def _weighted_mean(states: list[dict], counts: list[int]) -> dict:
 
 # ---- FML ----------------------------------------------------------------------------------
 def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
-    run = prepare(tiny_config(algorithm="fml", rounds=1), dataset=tiny_data)
+    run = prepare(
+        tiny_config(algorithm="fml", rounds=1, algo_options=PAPER["fml"]), dataset=tiny_data
+    )
     algo, clients = run.algorithm, run.clients
     assert all(
         _states_equal(shared_weights(c.state["shared"]), shared_weights(clients[0].state["shared"]))
@@ -111,7 +119,7 @@ def test_fedkd_svd_keeps_the_energy_and_saves_bytes():
 
 
 def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
-    config = tiny_config(algorithm="fedkd", rounds=1, lr=0.05)
+    config = tiny_config(algorithm="fedkd", rounds=1, lr=0.05, algo_options=PAPER["fedkd"])
     run = prepare(config, dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
     assert [g["lr"] for g in clients[0].optimizer.param_groups] == [0.05, 0.01]  # mentee_lr
@@ -136,7 +144,8 @@ def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
 
 # ---- FedMRL -------------------------------------------------------------------------------
 def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
-    run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
+    config = tiny_config(algorithm="fedmrl", rounds=1, algo_options=PAPER["fedmrl"])
+    run = prepare(config, dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
     shared = clients[0].state["shared"]
     assert shared.head.in_features == 128 and shared.features(clients[0].train_x[:2]).shape == (
@@ -193,12 +202,64 @@ def test_communication_is_the_shared_model(tiny_data):
         run = prepare(tiny_config(algorithm=algorithm, rounds=1), dataset=tiny_data)
         n = sum(t.numel() for t in shared_weights(run.clients[0].state["shared"]).values())
         uploads, broadcast = _one_round(run)
-        assert message_nbytes(uploads[0]) == 4 * n + 8  # fp32 weights + int64 train size
+        assert message_nbytes(uploads[0]) == 4 * n  # fp32 weights; uniform: no train size
         assert message_nbytes(broadcast) == 4 * n
-    uniform = prepare(
-        tiny_config(algorithm="fml", algo_options={"weighting": "uniform"}), dataset=tiny_data
+    weighted = prepare(
+        tiny_config(algorithm="fml", algo_options={"weighting": "samples"}), dataset=tiny_data
     )
-    assert "num_samples" not in uniform.algorithm.upload(uniform.clients[0])
+    assert weighted.algorithm.upload(weighted.clients[0])["num_samples"].dtype == torch.int64
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "clip", "modules"),
+    [
+        ("fml", 10.0, ["shared"]),
+        ("fedkd", 10.0, ["shared", "hidden_proj"]),
+        ("fedmrl", 10.0, ["shared"]),
+    ],
+)
+def test_fork_defaults_clip_each_model_and_average_uniformly(tiny_data, algorithm, clip, modules):
+    run = prepare(tiny_config(algorithm=algorithm, rounds=1), dataset=tiny_data)
+    algo, client = run.algorithm, run.clients[0]
+    assert algo.opts.grad_clip == clip and algo.opts.weighting == "uniform"
+    x, y = client.train_x[:20], client.train_y[:20]
+    client.optimizer.zero_grad()
+    (1e6 * algo.train_loss(client, x, y)).backward()  # gradients far above the clip
+
+    def norm(module: torch.nn.Module) -> float:
+        grads = [p.grad.norm() for p in module.parameters() if p.grad is not None]
+        return float(torch.stack(grads).norm())
+
+    parts = [client.model, *(client.state[m] for m in modules)]
+    assert all(norm(m) > 10 * clip for m in parts)
+    algo.before_step(client)
+    assert all(norm(m) == pytest.approx(clip, rel=1e-4) for m in parts)  # each on its own
+    uploads, broadcast = _one_round(run)
+    key = next(iter(broadcast))
+    if algorithm != "fedkd":  # FedKD's broadcast is the mean update; same rule, other keys
+        mean = torch.stack([u[key] for u in uploads]).mean(0)
+        torch.testing.assert_close(broadcast[key], mean)  # equal weights, whatever the sizes
+
+
+def test_fork_kl_reduction_divides_the_per_sample_kl_by_the_classes():
+    gen = torch.Generator().manual_seed(0)
+    student, teacher = torch.randn(8, 10, generator=gen), torch.randn(8, 10, generator=gen)
+    per_sample = distill_kl(student, teacher, reduction="batchmean")
+    torch.testing.assert_close(distill_kl(student, teacher, reduction="mean"), per_sample / 10)
+
+
+def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(tiny_data):
+    run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
+    algo, clients = run.algorithm, run.clients
+    initial = [{k: v.clone() for k, v in c.state["proj"].state_dict().items()} for c in clients]
+    client = clients[0]
+    client.train(algo.train_loss, 1, 20, torch.Generator().manual_seed(0), algo.before_step)
+    assert not torch.equal(client.state["proj"].weight, initial[0]["weight"])  # it trained
+    _one_round(run)
+    for c, start in zip(clients, initial, strict=True):  # dropped after training, every round
+        assert _states_equal(c.state["proj"].state_dict(), start)
+    algo.predict(client, client.test_x[:8])
+    assert client.state["shared"].training  # never switched to evaluation mode
 
 
 @pytest.mark.parametrize(

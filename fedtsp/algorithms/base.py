@@ -100,6 +100,9 @@ class Algorithm:
         """Extra term added to the client's cross-entropy (None: nothing)."""
         return None
 
+    def before_step(self, client: Client) -> None:
+        """Called after each backward pass, before the optimiser step (e.g. gradient clipping)."""
+
     def prepare_evaluation(self, client: Client, round_index: int) -> None:
         """Called before a client is evaluated (e.g. "-FT" methods fine-tune a head copy)."""
 

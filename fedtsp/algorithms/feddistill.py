@@ -2,16 +2,20 @@
 Distillation and Augmentation under Non-IID Private Data", NeurIPS 2018 workshop): federated
 distillation through per-class mean logits.
 
-After local training every client uploads its per-class mean logits over its train split and
-its class counts; the server averages them per class over the clients holding the class, and
-clients add ``lam * MSE(logits, G_y)`` towards the global logits of each sample's class. Heads
-stay personal. Departures: HtFLlib's FedDistill accumulates the per-class logits during the
-local epochs (from a changing model); here they are computed once after training, like the
-prototypes of FedProto. HtFLlib averages uniformly over the clients holding a class
-(``weighting="uniform"``); the default weights by class counts. The upstream HtFLlib
-distillation term is the MSE used here; the FedTSP authors' fork replaces it by the
-cross-entropy towards ``softmax(G_y)`` (``distill_loss="soft_ce"``). Samples of a class no
+Every client uploads its per-class mean logits and its class counts; the server averages
+them per class over the clients holding the class, and clients add a distillation term
+towards the global logits of each sample's class. Heads stay personal. Samples of a class no
 client holds, and every sample before the first aggregation, get no distillation term.
+
+Defaults are those of the runs behind the paper's Table 1 (the FedTSP authors' fork of
+HtFLlib with their script's lambda = 1): the class logits are averaged over the training
+forward passes of all local epochs (``logit_source="training"``; ``"pass"``: one pass with
+the trained model), the server's mean is unweighted (``weighting="uniform"``; ``"samples"``
+weights by class counts), and the term is ``lam * CE(logits, softmax(G_y))``
+(``distill_loss="soft_ce"``). Upstream HtFLlib used ``lam * MSE(logits, G_y)`` (``"mse"``)
+until it switched, in November 2025, to a cross-entropy towards the raw logits.
+
+Revision 1 (run keys): the defaults were ``"pass"``, ``"samples"`` and ``"mse"``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes, check_weighting
 from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.clients import Client
+from fedtsp.clients import Client, check_prototype_source
 
 DISTILL_LOSSES = ("mse", "soft_ce")
 
@@ -34,16 +38,20 @@ DISTILL_LOSSES = ("mse", "soft_ce")
 class FedDistillOptions:
     lam: float = option(1.0, "weight of the distillation towards the global class logits")
     weighting: str = option(
-        "samples", "per-class logit average: samples (class counts) or uniform (HtFLlib code)"
+        "uniform", "per-class logit average: uniform (authors' code) or samples (class counts)"
     )
     distill_loss: str = option(
-        "mse", "mse (HtFLlib FedDistill) or soft_ce (CE to softmax of the global logits, fork)"
+        "soft_ce", "soft_ce (CE to softmax of the global logits, authors' code) or mse"
+    )
+    logit_source: str = option(
+        "training", "class logits: training (forward passes, authors' code) or pass"
     )
 
     def validate(self) -> None:
         if self.lam < 0:
             raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
         check_weighting(self.weighting)
+        check_prototype_source(self.logit_source, "logit_source")
         if self.distill_loss not in DISTILL_LOSSES:
             raise ValueError(
                 f"distill_loss={self.distill_loss!r} is invalid; choose one of "
@@ -55,10 +63,13 @@ class FedDistillOptions:
 class FedDistill(Algorithm):
     name = "feddistill"
     Options = FedDistillOptions
+    revision = 1
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
+        if self.opts.logit_source == "training":
+            client.record_class_sums(logits, y)
         global_logits = client.state.get("global_logits")
         if global_logits is None or self.opts.lam == 0:
             return None
@@ -70,7 +81,10 @@ class FedDistill(Algorithm):
         return self.opts.lam * F.cross_entropy(logits.float(), target.softmax(dim=1))
 
     def upload(self, client: Client) -> Message:
-        means, counts = class_mean_logits(client)
+        if self.opts.logit_source == "training":
+            means, counts = client.prototypes("training")
+        else:
+            means, counts = class_mean_logits(client)
         return {"logits": means, "counts": counts}
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:

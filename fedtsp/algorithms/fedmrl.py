@@ -13,12 +13,21 @@ Evaluation, precisely: ``personal_head(projector(concat(shared_features(x),
 personal_features(x))))``, the fine path through the personal head, as in the authors' code;
 the shared head's output is not used. The shared extractor is the family's first architecture (see ``shared_model``)
 whose flattened output is average-pooled to ``sub_dim`` entries (the authors' code builds it the
-same way, ``BaseHeadSplit(args, 0, sub_feature_dim)``). Departures and code variants: the paper
-averages by train size (``weighting="samples"``), the FedTSP authors' fork uniformly
-(``"uniform"``). The fork clips gradient norms at 10, which the simulator's loop cannot do and
-the paper does not. Floating-point buffers (BatchNorm statistics) are averaged with the shared
-parameters; the fork averages parameters only. The projectors are initialised independently per
-client (the fork seeds every client's projector identically, which matters only before round 0).
+same way, ``BaseHeadSplit(args, 0, sub_feature_dim)``).
+
+Defaults are those of the runs behind the paper's Table 1 (the FedTSP authors' fork of
+HtFLlib with their script's sub-feature dim 128): the shared models are averaged uniformly
+(``weighting="uniform"``; the paper weights by train size); each model's gradient norm is
+clipped at 10 before every step (``grad_clip``; none: the paper); the trained projector is
+never saved, so every round, evaluation included, starts from the client's initial random
+projector (``projector="reset"``; ``"kept"``: the paper's method); and the shared model is
+never switched to evaluation mode, so its batch norm uses test-batch statistics at test time
+(``test_batch_stats``). Floating-point buffers (BatchNorm statistics) are averaged with the
+shared parameters; the fork averages parameters only. The projectors are initialised
+independently per client (the fork seeds every client's projector identically).
+
+Revision 1 (run keys): the defaults were ``weighting="samples"``, no clipping, the projector
+kept and the shared model in evaluation mode at test time.
 
 No ``global_prototypes`` artifact: the only global component is an extractor whose output is
 fused with personal features by a personal projector before any classifier sees it, so there is
@@ -27,6 +36,7 @@ no global class representation to save.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -37,8 +47,10 @@ from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
     attach_shared_models,
+    check_grad_clip,
     check_shared_arch,
     client_weights,
+    clip_each,
     load_shared_weights,
     resolve_shared_arch,
     seeded,
@@ -48,15 +60,26 @@ from fedtsp.algorithms.shared_model import (
 )
 from fedtsp.clients import Client
 
+PROJECTORS = ("reset", "kept")
+
 
 @dataclass
 class FedMRLOptions:
     sub_dim: int = option(
         128, "width of the shared representation and of the coarse Matryoshka representation"
     )
-    weighting: str = option("samples", "shared-model average: samples (paper) or uniform (code)")
+    weighting: str = option("uniform", "shared-model average: uniform (authors' code) or samples")
     shared_arch: str = option(
         "first", "shared model: first (the family's first architecture, authors' code) or a name"
+    )
+    grad_clip: float | None = option(
+        10.0, "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)"
+    )
+    projector: str = option(
+        "reset", "reset (initial projector every round, authors' code) or kept (paper)"
+    )
+    test_batch_stats: bool = option(
+        True, "shared model's batch norm on test-batch statistics (authors' code); false: eval"
     )
 
     def validate(self) -> None:
@@ -64,12 +87,18 @@ class FedMRLOptions:
             raise ValueError(f"sub_dim={self.sub_dim!r} is invalid; must be a positive integer")
         check_weighting(self.weighting)
         check_shared_arch(self.shared_arch)
+        check_grad_clip(self.grad_clip)
+        if self.projector not in PROJECTORS:
+            raise ValueError(
+                f"projector={self.projector!r} is invalid; choose one of {', '.join(PROJECTORS)}"
+            )
 
 
 @register
 class FedMRL(Algorithm):
     name = "fedmrl"
     Options = FedMRLOptions
+    revision = 1
 
     def setup(self, clients: list[Client]) -> Message | None:
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
@@ -84,6 +113,8 @@ class FedMRL(Algorithm):
         with seeded(self.ctx, tag=0x9207):
             for client in clients:
                 client.state["proj"] = nn.Linear(sub + d, d).to(self.ctx.device)
+                if self.opts.projector == "reset":
+                    client.state["proj_init"] = copy.deepcopy(client.state["proj"].state_dict())
         return None  # every shared copy starts identical; nothing to send
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
@@ -106,11 +137,18 @@ class FedMRL(Algorithm):
         fine_logits = client.model.head(fused)
         return F.cross_entropy(coarse_logits, y) + F.cross_entropy(fine_logits, y)
 
+    def before_step(self, client: Client) -> None:
+        clip_each([client.model, client.state["shared"]], self.opts.grad_clip)
+
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        set_training(client.state["shared"], False)
+        set_training(client.state["shared"], self.opts.test_batch_stats)
         return client.model.head(self._fused(client, x))
 
     def upload(self, client: Client) -> Message:
+        if self.opts.projector == "reset":  # the trained projector is dropped (never saved)
+            with torch.no_grad():  # in place: the client's optimiser holds these parameters
+                for name, value in client.state["proj"].state_dict().items():
+                    value.copy_(client.state["proj_init"][name])
         return upload_with_count(
             client, shared_weights(client.state["shared"]), self.opts.weighting
         )

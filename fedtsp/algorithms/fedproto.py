@@ -67,7 +67,7 @@ class FedProto(Algorithm):
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
         if self.opts.prototype_source == "training":
-            client.record_features(feats, y)
+            client.record_class_sums(feats, y)
         protos, present = client.state.get("protos"), client.state.get("present")
         if protos is None or self.opts.lam == 0:
             return None

@@ -252,7 +252,7 @@ class FedTSP(Algorithm):
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
         if self.opts.prototype_source == "training":
-            client.record_features(feats, y)
+            client.record_class_sums(feats, y)
         text = client.state.get("text_protos")
         if text is None or self.opts.lam == 0:
             return None

@@ -7,14 +7,19 @@ meme loss ``beta * CE + (1 - beta) * KL(p_personal || p_meme)`` (options ``perso
 (FedAvg) and broadcasts the average, which every client loads in place; evaluation uses the
 personal model.
 
-Departures and code variants: the paper weights the FedAvg by train sizes
-(``weighting="samples"``); the FedTSP authors' fork of HtFLlib averages uniformly
-(``"uniform"``). The fork's ``nn.KLDivLoss()`` averages the KL over the logits as well, i.e.
-divides it by the number of classes (``kl_reduction="mean"``); the default is the KL per sample.
-The shared model is the family's first architecture, as in the fork (see ``shared_model``).
-The fork also clips each model's gradient norm at 10; the simulator's optimiser loop has no
-such step, and the paper does not clip. Floating-point buffers (BatchNorm statistics) of the
-meme model are averaged with its parameters; the fork averages parameters only.
+Defaults are those of the runs behind the paper's Table 1 (the FedTSP authors' fork of
+HtFLlib with their script's alpha = beta = 0.5): the meme models are averaged uniformly
+(``weighting="uniform"``; the paper weights by train sizes, ``"samples"``); the KL terms are
+``nn.KLDivLoss()``'s element-wise mean, i.e. the KL per sample divided by the number of
+classes (``kl_reduction="mean"``; the per-sample KL is ``"batchmean"``); each model's gradient
+norm is clipped at 10 before every step (``grad_clip``; none: the paper, which does not
+clip). The shared model is the family's first architecture, as in the fork (see
+``shared_model``). Floating-point buffers (BatchNorm statistics) of the meme model are
+averaged with its parameters; the fork averages parameters only, which changes no result:
+the meme model runs only in training mode, on batch statistics.
+
+Revision 1 (run keys): the defaults were ``weighting="samples"``, ``kl_reduction="batchmean"``
+and no clipping.
 """
 
 from __future__ import annotations
@@ -29,10 +34,12 @@ from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
     attach_shared_models,
+    check_grad_clip,
     check_kl_reduction,
     check_shared_arch,
     class_mean_features,
     client_weights,
+    clip_each,
     distill_kl,
     load_shared_weights,
     resolve_shared_arch,
@@ -54,9 +61,12 @@ class FMLOptions:
     )
     temperature: float = option(1.0, "softmax temperature of the mutual KL terms (scaled by T^2)")
     kl_reduction: str = option(
-        "batchmean", "KL per sample (batchmean, paper) or also per class (mean, authors' code)"
+        "mean", "KL also per class (mean, authors' code) or per sample (batchmean, paper)"
     )
-    weighting: str = option("samples", "shared-model average: samples (paper) or uniform (code)")
+    weighting: str = option("uniform", "shared-model average: uniform (authors' code) or samples")
+    grad_clip: float | None = option(
+        10.0, "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)"
+    )
     shared_arch: str = option(
         "first", "shared model: first (the family's first architecture, authors' code) or a name"
     )
@@ -71,12 +81,14 @@ class FMLOptions:
         check_kl_reduction(self.kl_reduction)
         check_weighting(self.weighting)
         check_shared_arch(self.shared_arch)
+        check_grad_clip(self.grad_clip)
 
 
 @register
 class FML(Algorithm):
     name = "fml"
     Options = FMLOptions
+    revision = 1
 
     def setup(self, clients: list[Client]) -> Message | None:
         self.clients = clients  # for the analysis artifact only
@@ -103,6 +115,9 @@ class FML(Algorithm):
         personal = a * F.cross_entropy(personal_logits, y) + (1 - a) * kl_personal
         shared = b * F.cross_entropy(meme_logits, y) + (1 - b) * kl_meme
         return personal + shared
+
+    def before_step(self, client: Client) -> None:
+        clip_each([client.model, client.state["shared"]], self.opts.grad_clip)
 
     def upload(self, client: Client) -> Message:
         return upload_with_count(

@@ -107,6 +107,18 @@ def set_training(module: nn.Module, mode: bool) -> None:
         module.train(mode)
 
 
+def check_grad_clip(value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ValueError(f"grad_clip={value} is invalid; must be > 0 (or none: no clipping)")
+
+
+def clip_each(modules: Sequence[nn.Module], max_norm: float | None) -> None:
+    """Clip the gradient norm of each module on its own, as the authors' fork does."""
+    if max_norm is not None:
+        for module in modules:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
+
+
 # ---- FedAvg of the shared weights -------------------------------------------------------
 def shared_weights(module: nn.Module) -> dict[str, Tensor]:
     """The floating-point state (parameters and e.g. BatchNorm statistics) as copies.
@@ -133,7 +145,8 @@ def upload_with_count(client: Client, message: Message, weighting: str) -> Messa
 
 def client_weights(uploads: Sequence[Message], weighting: str) -> Tensor:
     """Normalised aggregation weights: train sizes (``samples``) or equal (``uniform``)."""
-    return normalized_weights([u[SAMPLES_KEY] for u in uploads], weighting)
+    sizes = [u[SAMPLES_KEY] for u in uploads] if weighting == "samples" else [1] * len(uploads)
+    return normalized_weights(sizes, weighting)
 
 
 # ---- losses and analysis -----------------------------------------------------------------
@@ -151,6 +164,8 @@ def distill_kl(
     t = temperature
     log_p = F.log_softmax(student_logits.float() / t, dim=1)
     q = F.softmax(teacher_logits.float() / t, dim=1)
+    if reduction == "mean":  # spelt out: torch warns that its "mean" will become "batchmean"
+        return F.kl_div(log_p, q, reduction="sum") / log_p.numel() * (t * t)
     return F.kl_div(log_p, q, reduction=reduction) * (t * t)
 
 

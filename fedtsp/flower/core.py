@@ -496,7 +496,7 @@ class NodeRuntime:
             start = time.perf_counter()
             try:
                 reply["train_loss"] = client.train(
-                    algo.train_loss, cfg.local_epochs, cfg.batch_size, generator
+                    algo.train_loss, cfg.local_epochs, cfg.batch_size, generator, algo.before_step
                 )
             except NonFiniteLossError as exc:
                 raise NonFiniteLossError(f"{exc} in round {t}; the run stops here") from None
