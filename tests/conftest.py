@@ -46,6 +46,27 @@ def tiny_config(**changes) -> RunConfig:
     return base.replace(**changes)
 
 
+def assert_uploads_training_means(algo, client, module, key: str) -> torch.Tensor:
+    """Train `client` two epochs, recording `module`'s outputs and the labels of every batch,
+    then check that `algo.upload(client)[key]` holds their per-class means (the authors' code
+    collects class means on the training forward passes). Returns the recorded labels."""
+    seen, labels = [], []
+
+    def spy(c, x, y):
+        labels.append(y)
+        return algo.train_loss(c, x, y)
+
+    hook = module.register_forward_hook(lambda m, i, out: seen.append(out.detach().float()))
+    client.train(spy, 2, 20, torch.Generator().manual_seed(0))
+    hook.remove()
+    values, ys = torch.cat(seen), torch.cat(labels)
+    upload = algo.upload(client)
+    for c in ys.unique().tolist():
+        torch.testing.assert_close(upload[key][c], values[ys == c].mean(0), rtol=1e-4, atol=1e-5)
+    assert torch.equal(upload["counts"], client.class_counts())  # weights stay sample counts
+    return ys
+
+
 @pytest.fixture
 def cifar10_archive() -> Path:
     if not CIFAR10_ARCHIVE.exists():

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import assert_uploads_training_means, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
@@ -188,22 +188,7 @@ def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled(
 def test_feddistill_fork_logits_are_the_means_of_the_training_passes(tiny_data):
     run = prepare(tiny_config(algorithm="feddistill"), dataset=tiny_data)
     algo, client = run.algorithm, run.clients[0]
-    seen, labels = [], []
-
-    def spy(c, x, y):
-        labels.append(y)
-        return algo.train_loss(c, x, y)
-
-    hook = client.model.head.register_forward_hook(lambda m, i, out: seen.append(out.detach()))
-    client.train(spy, 2, 20, torch.Generator().manual_seed(0))
-    hook.remove()
-    logits, ys = torch.cat(seen), torch.cat(labels)
-    upload = algo.upload(client)
-    for c in ys.unique().tolist():
-        torch.testing.assert_close(
-            upload["logits"][c], logits[ys == c].mean(0), rtol=1e-4, atol=1e-5
-        )
-    assert torch.equal(upload["counts"], client.class_counts())
+    assert_uploads_training_means(algo, client, client.model.head, "logits")
 
 
 def test_feddistill_uploads_the_per_class_mean_logits_of_the_train_split(tiny_data):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import assert_uploads_training_means, tiny_config
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
 from fedtsp.clients import NonFiniteLossError
@@ -254,26 +254,7 @@ def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_d
     algo, client = run.algorithm, run.clients[1]
     if run.first_broadcast is not None:
         algo.receive(client, run.first_broadcast)
-    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    labels: list[torch.Tensor] = []
-    real_loss = algo.train_loss
-
-    def spy(c, x, y):
-        labels.append(y)
-        return real_loss(c, x, y)
-
-    hook = client.model.features.register_forward_hook(
-        lambda m, i, out: seen.append(out.detach().float())
-    )
-    client.train(spy, 2, 20, torch.Generator().manual_seed(0))
-    hook.remove()
-    feats, ys = torch.cat(seen), torch.cat(labels)
-    upload = algo.upload(client)
-    for c in ys.unique().tolist():
-        torch.testing.assert_close(
-            upload["protos"][c], feats[ys == c].mean(0), rtol=1e-4, atol=1e-5
-        )
-    assert torch.equal(upload["counts"], client.class_counts())  # weights stay sample counts
+    ys = assert_uploads_training_means(algo, client, client.model.features, "protos")
     assert len(ys) >= 2 * (client.num_train - 20)  # both epochs were recorded
     with pytest.raises(RuntimeError, match="no training features"):
         algo.upload(client)  # the sums were used up: a second upload needs new training

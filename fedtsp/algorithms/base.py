@@ -4,7 +4,13 @@ A method is one subclass holding only what makes it different. The simulator (an
 Flower adapter) drive every method the same way, once per round:
 
     evaluate (predict) -> local training (train_loss, with local_loss as the usual extra
-    term) -> upload -> server_step -> receive
+    term; before_step between each backward pass and optimiser step) -> upload ->
+    server_step -> receive
+
+Defaults: a baseline's options default to what produced the paper's Table 1 (the authors'
+scripts and their fork of HtFLlib), its own paper's variant being an option; FedTSP's
+default to its paper, the authors' code choices being options. ``revision`` is bumped when
+that changes what a method's earlier records mean.
 
 Messages are plain ``dict[str, Tensor]``. Server state lives on the algorithm object
 (``state_dict``), per-client state lives in ``client.state`` so that both can be
