@@ -34,9 +34,11 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -150,7 +152,7 @@ def run_ours(config: RunConfig, dataset: Any, store: Path) -> dict[str, Any]:
     return {
         "best_acc": 100 * record["summary"]["best_acc"],
         "accs": [round(100 * row["acc"], 2) for row in record["history"]],
-        "s_per_round": statistics.fmean(trained[1:]),  # like HtFLlib: without the first
+        "s_per_round": statistics.fmean(trained[1:] or trained),  # like HtFLlib: not the first
         "key": record["key"],
         "record": record,
     }
@@ -191,7 +193,7 @@ def run_htfllib(
         STUB.format(threads=args.threads),
         *["-data", name, "-ncl", "10", "-m", HTFLLIB_FAMILY, "-fd", "512", "-nc", "20"],
         *["-lbs", "100", "-lr", "0.01", "-ls", "1", "-gr", str(args.rounds), "-jr", "1"],
-        *["-eg", "1", "-dev", "cpu", "-t", "1", "-sfn", str(log_path.with_suffix(""))],
+        *["-eg", "1", "-dev", "cpu", "-t", "1"],
         *method_args,
     ]
     env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", OMP_NUM_THREADS=str(args.threads))
@@ -199,6 +201,7 @@ def run_htfllib(
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.pythonpath, env.get("PYTHONPATH")]))
     system = Path(args.htfllib) / "system"
     done = subprocess.run(command, cwd=system, env=env, capture_output=True, text=True)
+    shutil.rmtree(system / "temp", ignore_errors=True)  # its per-round model pickles
     log_path.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         tail = (done.stdout + done.stderr).strip().splitlines()[-1:] or ["(no output)"]
@@ -250,7 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    parser.add_argument("--work", default="/tmp/fedtsp-htfllib", help="scratch: store and logs")
+    parser.add_argument(
+        "--work",
+        default=str(Path(tempfile.gettempdir()) / "fedtsp-htfllib"),
+        help="scratch folder: our run store and HtFLlib's logs (default: in the temp folder)",
+    )
     parser.add_argument(
         "--out", default=str(REPO_ROOT / "benchmarks/results/htfllib_side_by_side.json")
     )
