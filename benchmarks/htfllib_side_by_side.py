@@ -52,6 +52,7 @@ from fedtsp.data.htfllib import export_htfllib
 from fedtsp.paths import REPO_ROOT, portable_path
 from fedtsp.results import code_version
 from fedtsp.simulation import partition_dataset, run_experiment, run_key
+from fedtsp.tables import mean_pm_std
 
 # label -> (our algorithm, our options matching HtFLlib's code, HtFLlib's algorithm + args)
 METHODS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
@@ -238,8 +239,12 @@ def table(results: dict[str, Any]) -> str:
 
 
 def _pm(values: list[float]) -> str:
+    """The project's "mean ± std" cell; repeats that all agree (a deterministic HtFLlib run
+    repeated) say so instead of showing a spread of 0.00."""
     mean, std = summarise(values)
-    return f"{mean:.2f} (n = 1)" if len(values) == 1 else f"{mean:.2f} ± {std:.2f}"
+    if len(values) > 1 and max(values) == min(values):
+        return f"{mean:.2f} (n = {len(values)}, all equal)"
+    return mean_pm_std(mean, std, len(values))
 
 
 def main(argv: list[str] | None = None) -> int:
