@@ -127,13 +127,12 @@ def base_config(args: argparse.Namespace) -> RunConfig:
 
 def export_split(config: RunConfig, dataset: Any, folder: Path) -> None:
     """Write the run's partition in HtFLlib's layout (skipped when it is already there)."""
+    key = run_key(config.replace(algorithm="local"), dataset)
+    written = folder / "config.json"
+    if written.exists() and json.loads(written.read_text()).get("fedtsp_key") == key:
+        return
     images, labels, partition = partition_dataset(config, dataset)
-    if (folder / "config.json").exists():
-        written = json.loads((folder / "config.json").read_text())
-        if written.get("fedtsp_key") == run_key(config.replace(algorithm="local"), dataset):
-            return
-    meta = {"fedtsp_key": run_key(config.replace(algorithm="local"), dataset)}
-    export_htfllib(folder, images, labels, partition, meta)
+    export_htfllib(folder, images, labels, partition, {"fedtsp_key": key})
 
 
 def check_same_split(folder: Path, record: dict[str, Any]) -> None:
