@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedtsp.config import RunConfig
+from fedtsp.config import BATCH_ORDERS, CLIENT_INITS, RunConfig
 from fedtsp.errors import UserError, debug_requested, one_line
 from fedtsp.paths import portable_path
 
@@ -123,6 +123,18 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
     group.add_argument("--lr", type=float, default=defaults.lr)
     group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--batch-order",
+        default=defaults.batch_order,
+        choices=BATCH_ORDERS,
+        help="shuffled (every epoch) or fixed (the stored order, as HtFLlib)",
+    )
+    group.add_argument(
+        "--client-init",
+        default=defaults.client_init,
+        choices=CLIENT_INITS,
+        help="independent client weights, or shared: one architecture, one start (as HtFLlib)",
+    )
     group.add_argument(
         "--feature-dim",
         type=int,

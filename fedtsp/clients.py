@@ -63,6 +63,8 @@ class Client:
     model_seconds: float = 0.0  # time inside forward/backward/step, for overhead accounting
     # Mixed-precision context (torch.autocast for bf16); a no-op for the exact fp32 path.
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # False: every epoch visits the training set in its stored order (RunConfig.batch_order).
+    shuffle: bool = True
 
     @property
     def num_train(self) -> int:
@@ -76,13 +78,16 @@ class Client:
         return torch.bincount(self.train_y, minlength=self.num_classes)
 
     def batches(self, batch_size: int, generator: torch.Generator) -> list[Tensor]:
-        """Index batches of one shuffled epoch.
+        """Index batches of one epoch, shuffled unless ``self.shuffle`` is False.
 
         The trailing partial batch is dropped (as the authors' DataLoader does), unless it
         would be the only batch, so that tiny clients still train.
         """
-        perm = torch.randperm(self.num_train, generator=generator, device="cpu")
-        perm = perm.to(self.device)
+        if self.shuffle:
+            perm = torch.randperm(self.num_train, generator=generator, device="cpu")
+            perm = perm.to(self.device)
+        else:
+            perm = torch.arange(self.num_train, device=self.device)
         full = self.num_train // batch_size
         if full == 0:
             return [perm]

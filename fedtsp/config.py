@@ -20,10 +20,22 @@ PRECISIONS = ("fp32", "bf16")
 # scored by the global model on the official test set (gfl) or per client after
 # personalisation (pfl) (Table 3).
 SETTINGS = ("htfl", "gfl", "pfl")
+# Order of each local epoch's mini-batches: "shuffled", a fresh permutation every epoch;
+# "fixed", the stored order every epoch (HtFLlib's DataLoader(shuffle=False)).
+BATCH_ORDERS = ("shuffled", "fixed")
+# Client models' initial weights: "independent", drawn one after another from the run's
+# seed; "shared", torch reseeded with the run's seed before each model, so clients of one
+# architecture start identical (HtFLlib seeds torch with 0 before building each client).
+CLIENT_INITS = ("independent", "shared")
 # Fields added after the first run records: at these defaults they stay out of the run's
 # hash, so the records made before they existed keep their keys.
 # channels_last=False is how every record before the field was made (NCHW images).
-_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {"setting": "htfl", "channels_last": False}
+_HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {
+    "setting": "htfl",
+    "channels_last": False,
+    "batch_order": "shuffled",
+    "client_init": "independent",
+}
 
 
 class ConfigError(UserError, ValueError):
@@ -53,6 +65,8 @@ class RunConfig:
     batch_size: int = 100
     lr: float = 0.01
     seed: int = 0
+    batch_order: str = "shuffled"  # see BATCH_ORDERS
+    client_init: str = "independent"  # see CLIENT_INITS
     global_eval_every: int = 0  # 0: never; k: every k rounds and after the last round
     # execution
     device: str = "cpu"
@@ -146,6 +160,10 @@ class RunConfig:
                 bad(name, getattr(self, name), "must be >= 1")
         if not self.lr > 0:
             bad("lr", self.lr, "the learning rate must be > 0")
+        if self.batch_order not in BATCH_ORDERS:
+            bad("batch_order", self.batch_order, f"choose one of {', '.join(BATCH_ORDERS)}")
+        if self.client_init not in CLIENT_INITS:
+            bad("client_init", self.client_init, f"choose one of {', '.join(CLIENT_INITS)}")
         if self.global_eval_every < 0:
             bad("global_eval_every", self.global_eval_every, "use 0 (never) or a positive period")
         if self.device.split(":")[0] not in DEVICES:

@@ -61,6 +61,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def seed_client_model(config: RunConfig) -> None:
+    """Call before building each client's model: under ``client_init="shared"`` torch is
+    reseeded with the run's seed, so every client of one architecture starts identical."""
+    if config.client_init == "shared":
+        torch.manual_seed(config.seed)
+
+
 def message_nbytes(message: Message) -> int:
     return sum(t.numel() * t.element_size() for t in message.values() if torch.is_tensor(t))
 
@@ -137,6 +144,7 @@ def prepare(
 
     clients = []
     for i in range(config.num_clients):
+        seed_client_model(config)
         model = build_client_model(
             config.family,
             i,
@@ -149,7 +157,15 @@ def prepare(
         test_x, test_y = tensors(partition.client_test[i])
         clients.append(
             Client(
-                i, model, train_x, train_y, test_x, test_y, dataset.num_classes, autocast=autocast
+                i,
+                model,
+                train_x,
+                train_y,
+                test_x,
+                test_y,
+                dataset.num_classes,
+                autocast=autocast,
+                shuffle=config.batch_order == "shuffled",
             )
         )
 

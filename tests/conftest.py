@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import tarfile
 from pathlib import Path
 
@@ -44,6 +46,17 @@ def tiny_config(**changes) -> RunConfig:
         seed=0,
     )
     return base.replace(**changes)
+
+
+# Config fields added after the first run records, each hash-neutral at its default.
+LATER_FIELDS = ("setting", "channels_last", "batch_order", "client_init")
+
+
+def key_before_fields(config: RunConfig, extra: dict | None = None) -> str:
+    """The key `config` had before LATER_FIELDS existed (the original hashing rule)."""
+    old = {k: v for k, v in config.to_dict().items() if k not in LATER_FIELDS}
+    blob = json.dumps({"config": old, "extra": extra or {}}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def assert_uploads_training_means(algo, client, module, key: str) -> torch.Tensor:

@@ -101,3 +101,16 @@ def test_run_and_partition_from_an_image_folder_archive(tiny_archive, tmp_path, 
     assert main(["partition", *common, "--export", str(export)]) == 0
     assert sorted(p.name for p in (export / "train").iterdir()) == ["0.npz", "1.npz"]
     assert (export / "config.json").exists()
+
+
+def test_htfllib_protocol_flags_reach_the_run_config():
+    from fedtsp.cli import _config_from_args, build_parser
+
+    def config(*flags: str):
+        return _config_from_args(build_parser().parse_args(["run", *flags]))
+
+    plain = config()
+    matched = config("--batch-order", "fixed", "--client-init", "shared")
+    assert (plain.batch_order, plain.client_init) == ("shuffled", "independent")
+    assert (matched.batch_order, matched.client_init) == ("fixed", "shared")
+    assert matched.key() != plain.key()

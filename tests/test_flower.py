@@ -65,6 +65,25 @@ def test_work_folder_hands_each_node_only_its_partition(tmp_path, tiny_data):
     assert set(server.files) == {"train_y_0", "train_y_1", "train_y_2"}  # labels, no images
 
 
+@pytest.mark.parametrize("client_init", ["independent", "shared"])
+def test_the_flower_server_starts_every_client_where_the_simulator_does(
+    tmp_path, tiny_data, client_init
+):
+    import torch
+
+    from fedtsp.flower.core import ServerLoop, from_bytes
+    from fedtsp.simulation import prepare
+
+    config = tiny_config(num_clients=8, client_init=client_init)
+    prepare_workdir(config, tiny_data, tmp_path, out=tmp_path, engine="flower-sim")
+    server = ServerLoop(tmp_path)
+    for client, blob in zip(
+        prepare(config, dataset=tiny_data).clients, server.initial_blobs, strict=True
+    ):
+        sent = from_bytes(blob, "cpu")["model"]
+        assert all(torch.equal(v, sent[k]) for k, v in client.model.state_dict().items())
+
+
 @pytest.mark.slow
 def test_three_supernode_processes_equal_the_simulator(tmp_path, tiny_data):
     config = tiny_config(algorithm="fedproto", rounds=1, num_clients=3)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import LATER_FIELDS, key_before_fields, tiny_config
 
 import fedtsp.simulation as sim
 from fedtsp.algorithms.fedavg import MODEL_PREFIX
@@ -55,33 +55,29 @@ def test_settings_are_validated_with_clear_errors():
     tiny_config(algorithm="fedtsp").validate()  # FedTSP runs in htfl and gfl
 
 
-def test_the_setting_field_keeps_old_run_keys():
-    """Records made before `setting` existed keep their keys; other settings get new ones."""
-    import hashlib
-    import json
-
-    config = RunConfig()
-    old = {k: v for k, v in config.to_dict().items() if k != "setting"}
-    blob = json.dumps({"config": old, "extra": {}}, sort_keys=True, default=str).encode()
-    assert config.key() == hashlib.sha256(blob).hexdigest()[:16]
-    assert config.replace(setting="gfl").key() != config.key()
+def test_later_config_fields_keep_old_run_keys_at_their_defaults():
+    """Records made before `setting`, `batch_order`... existed keep their keys; any other
+    value of those fields gives a new key."""
+    config = RunConfig(channels_last=False)
+    assert config.key() == key_before_fields(config)
+    changed = {
+        "setting": "gfl",
+        "channels_last": True,
+        "batch_order": "fixed",
+        "client_init": "shared",
+    }
+    assert set(changed) == set(LATER_FIELDS)
+    keys = {config.replace(**{name: value}).key() for name, value in changed.items()}
+    assert len(keys | {config.key()}) == len(changed) + 1
 
 
 @pytest.mark.parametrize("algorithm", ["fedgh", "fedgen", "alignfed"])
 def test_a_revised_method_never_reuses_its_older_records(algorithm):
     """A revision > 0 (changed defaults or code) enters the key; revision 0 stays out."""
-    import hashlib
-    import json
-
-    def unrevised_key(config: RunConfig) -> str:
-        old = {k: v for k, v in config.to_dict().items() if k not in ("setting", "channels_last")}
-        blob = json.dumps({"config": old, "extra": {}}, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
-
     revised = RunConfig(algorithm=algorithm, channels_last=False)
-    assert revised.key() != unrevised_key(revised)
+    assert revised.key() != key_before_fields(revised)
     plain = RunConfig(algorithm="local", channels_last=False)
-    assert plain.key() == unrevised_key(plain)
+    assert plain.key() == key_before_fields(plain)
 
 
 # ---- aggregation -----------------------------------------------------------------------------

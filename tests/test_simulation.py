@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import assert_uploads_training_means, tiny_config
+from conftest import assert_uploads_training_means, key_before_fields, tiny_config
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
 from fedtsp.clients import NonFiniteLossError
@@ -226,8 +226,6 @@ def test_fedtsp_uses_the_committed_description_sets(tiny_data, variant):
 
 
 def test_images_are_channels_last_by_default_and_the_layout_is_part_of_the_key(tiny_data):
-    import hashlib
-
     fast = prepare(tiny_config(global_eval_every=1), dataset=tiny_data)
     plain = prepare(tiny_config(channels_last=False), dataset=tiny_data)
     x, x_plain = fast.clients[0].train_x, plain.clients[0].train_x
@@ -237,12 +235,48 @@ def test_images_are_channels_last_by_default_and_the_layout_is_part_of_the_key(t
     assert fast.global_test[0].is_contiguous(memory_format=torch.channels_last)
     assert fast.key != plain.key
     # channels_last=False hashes as every config did before the field existed.
-    legacy = tiny_config(channels_last=False).to_dict()
-    del legacy["channels_last"], legacy["setting"]
-    blob = json.dumps({"config": legacy, "extra": {}}, sort_keys=True, default=str).encode()
-    assert tiny_config(channels_last=False).key() == hashlib.sha256(blob).hexdigest()[:16]
+    plain_config = tiny_config(channels_last=False)
+    assert plain_config.key() == key_before_fields(plain_config)
     with pytest.raises(ConfigError, match="channels_last"):
         tiny_config(channels_last="yes").validate()
+
+
+def test_fixed_batch_order_visits_the_stored_order_every_epoch(tiny_data):
+    fixed = prepare(tiny_config(batch_order="fixed"), dataset=tiny_data).clients[0]
+    shuffled = prepare(tiny_config(), dataset=tiny_data).clients[0]
+    n, size = fixed.num_train, 20
+    assert n >= 2 * size
+    expected = list(torch.arange(n // size * size).split(size))
+    for seed in (0, 1):  # the generator is ignored
+        batches = fixed.batches(size, torch.Generator().manual_seed(seed))
+        assert [b.tolist() for b in batches] == [b.tolist() for b in expected]
+    first, second = (shuffled.batches(size, torch.Generator().manual_seed(s)) for s in (0, 1))
+    assert torch.cat(first).tolist() != torch.cat(second).tolist()
+    with pytest.raises(ConfigError, match="batch_order='random' is invalid"):
+        tiny_config(batch_order="random").validate()
+
+
+def test_shared_client_init_starts_each_architecture_from_one_set_of_weights(tiny_data):
+    from fedtsp.models.families import resolve_family
+
+    config = tiny_config(num_clients=8)
+    archs = resolve_family(config.family)
+    twins = [(i, i + len(archs)) for i in range(len(archs))]  # same architecture
+
+    def weights(run) -> list[list[torch.Tensor]]:
+        return [list(c.model.state_dict().values()) for c in run.clients]
+
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+    shared = weights(prepare(config.replace(client_init="shared"), dataset=tiny_data))
+    independent = weights(prepare(config, dataset=tiny_data))
+    assert all(same(shared[i], shared[j]) for i, j in twins)
+    assert not any(same(independent[i], independent[j]) for i, j in twins)
+    other_seed = weights(prepare(config.replace(client_init="shared", seed=1), dataset=tiny_data))
+    assert not same(shared[0], other_seed[0])  # the shared start still follows the run's seed
+    with pytest.raises(ConfigError, match="client_init='zero' is invalid"):
+        tiny_config(client_init="zero").validate()
 
 
 @pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])

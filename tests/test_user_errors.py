@@ -106,6 +106,8 @@ CASES = [
     (["run", "--precision", "fp8"], "'fp8'"),
     (["run", "--layout", "weird"], "--layout"),
     (["run", "--setting", "foo"], "'foo'"),
+    (["run", "--batch-order", "random"], "'random'"),
+    (["run", "--client-init", "zero"], "'zero'"),
     (["run", "--checkpoint-every", "0"], "checkpoint_every=0"),
     (["run", "--algorithm", "fedproto", "--lam", "-1"], "lam=-1.0"),
     (["run", "--algorithm", "local", "--lam", "1"], "lam"),

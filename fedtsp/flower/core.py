@@ -255,7 +255,7 @@ class ServerLoop:
     first_broadcast: Message | None = field(init=False)
 
     def __post_init__(self) -> None:
-        from fedtsp.simulation import seed_everything
+        from fedtsp.simulation import seed_client_model, seed_everything
 
         self.workdir = Path(self.workdir)
         self.run = load_run(self.workdir)
@@ -272,6 +272,7 @@ class ServerLoop:
         empty = torch.zeros(0, meta["channels"], meta["image_size"], meta["image_size"])
         clients = []
         for i in range(cfg.num_clients):
+            seed_client_model(cfg)
             model = _build_model(self.run, cfg, i)
             train_y = torch.from_numpy(labels[f"train_y_{i}"]).long().to(device)
             clients.append(
@@ -436,6 +437,7 @@ class NodeRuntime:
             test_y,
             len(run["dataset"]["classes"]),
             autocast=_autocast_factory(cfg),
+            shuffle=cfg.batch_order == "shuffled",
         )
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         algorithm = get_algorithm(cfg.algorithm)(options, _run_context(run, cfg))
