@@ -1,28 +1,32 @@
 """Side by side with HtFLlib: the shared baselines on one exported split, accuracy and speed.
 
     python benchmarks/htfllib_side_by_side.py --htfllib /path/to/HtFLlib \
-        [--pythonpath DIR] [--fraction 0.1] [--rounds 10] [--seeds 0 1 2] [--methods ...]
+        [--htfllib-tree 6e6f1ae DIR] [--pythonpath DIR] [--protocol htfllib|fedtsp] \
+        [--fraction 0.1] [--rounds 10] [--seeds 0 1 2] [--methods ...]
 
 HtFLlib (github.com/TsingZ0/HtFLlib) is a measuring instrument here: none of its code is in
 this project. ``--htfllib`` is a checkout of it (the folder holding ``system/main.py``);
+``--htfllib-tree COMMIT DIR`` another commit of it, for the rows of ``HTFLLIB_AT``;
 ``--pythonpath`` a folder with the extra packages its ``main.py`` imports (h5py, ujson,
-calmsize, higher, click, requests). Its three FedKTL servers import StyleGAN / Stable Diffusion
-code that is not needed here; the launcher puts empty modules in their place.
+calmsize, higher, click, requests). Its three FedKTL servers import StyleGAN / Stable
+Diffusion code that is not needed here; the launcher puts empty modules in their place.
 
 What runs: one Dir(0.1) partition of CIFAR-10 over 20 clients (a stratified ``--fraction``
 of the merged images) is drawn by fedtsp and exported in HtFLlib's layout to
 ``<htfllib>/dataset/<name>/``; every method then runs in both with family HtFE2 (HtFLlib's
 ``HtFE-img-2``: FedAvgCNN + ResNet-18), d = 512, 1 local epoch, batch 100, lr 0.01 and
 ``--rounds`` rounds (HtFLlib ``-gr R`` = R + 1 evaluations, like ours), once per seed, with
-the method settings of the authors' scripts. Ours runs with HtFLlib's protocol options:
-``batch_order="fixed"`` (its loaders do not shuffle) and ``client_init="shared"`` (it seeds
-torch before building each client, so clients of one architecture start identical). HtFLlib has no seed option (its ``main.py``
-seeds torch with 0), so its repeats differ only by its own nondeterminism (unseeded
-``random`` / ``numpy`` calls); ours vary the seed.
+the method settings of the authors' scripts. With ``--protocol htfllib`` (the default) our
+side also follows HtFLlib's protocol: ``batch_order="fixed"`` (its loaders do not shuffle)
+and ``client_init="shared"`` (it reseeds torch before building each client, so clients of
+one architecture start identical); ``--protocol fedtsp`` keeps ours. HtFLlib has no seed
+option (every seeding call in it is ``torch.manual_seed(0)``); the launcher shifts those
+calls by the repeat's seed, so both sides' repeats vary the seed (seed 0 is HtFLlib
+unchanged). Beyond that, HtFLlib is not deterministic (unseeded ``random`` / ``numpy``).
 
-Our options are set to what HtFLlib's code does where we have the variant (``OURS`` below);
-the remaining known departures are listed in ``DEPARTURES`` and printed with the table.
-Target: |difference of the means| <= max(1.5 points, 2 x the larger std).
+Our method options are set to what HtFLlib's code does where we have the variant
+(``METHODS``); the remaining known departures are in ``DEPARTURES``, printed with the
+table. Target: |difference of the means| <= max(1.5 points, 2 x the larger std).
 
 Results: ``--out`` (JSON, every run's best accuracy and seconds per round) and the markdown
 table beside it. Runs already recorded (our run store, HtFLlib logs under ``--work``) are
@@ -74,6 +78,7 @@ METHODS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     "LG-FedAvg": ("lg-fedavg", {}, ["-algo", "LG-FedAvg"]),
     "FML": ("fml", {}, ["-algo", "FML", "-al", "0.5", "-bt", "0.5"]),
     "FD": ("feddistill", {}, ["-algo", "FD", "-lam", "1"]),
+    "FD, softmax target": ("feddistill", {}, ["-algo", "FD", "-lam", "1"]),
     "FedKD": (
         "fedkd",
         {"compress": True},
@@ -86,10 +91,15 @@ METHODS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
     ),
 }
 
+# Rows run against another HtFLlib commit, given with --htfllib-tree COMMIT DIR: 6e6f1ae is
+# the parent of ca3e29a (2025-11-29), which switched FD's target to the raw global logits.
+HTFLLIB_AT: dict[str, str] = {"FD, softmax target": "6e6f1ae"}
+
 # Known differences that remain between the two sides (ours -> HtFLlib's code).
 DEPARTURES: dict[str, str] = {
-    "FD": "since Nov 2025 HtFLlib distils towards the raw global logits (ours: towards their "
-    "softmax, as the FedTSP authors' fork and HtFLlib before that)",
+    "FD": "since Nov 2025 (ca3e29a) HtFLlib distils towards the raw global logits (ours: "
+    "towards their softmax, as the FedTSP authors' fork and HtFLlib before that; the row "
+    "'FD, softmax target' runs HtFLlib at 6e6f1ae, just before that change)",
     "FedKD": "HtFLlib SVD-compresses the full mentee weights (ours: the update since the last "
     "global weights)",
 }
@@ -99,6 +109,10 @@ STUB = """
 import os, runpy, sys, types
 import torch
 torch.set_num_threads({threads})
+# HtFLlib has no seed option: every seeding call it makes is torch.manual_seed(0). Shifting
+# them all by the repeat's seed gives repeat s the start HtFLlib would have with seed s.
+_manual_seed = torch.manual_seed
+torch.manual_seed = lambda seed: _manual_seed(seed + {seed})
 sys.path.insert(0, os.getcwd())
 for name in ("serverktl_stylegan_xl", "serverktl_stylegan_3", "serverktl_stable_diffusion"):
     module = types.ModuleType("flcore.servers." + name)
@@ -107,6 +121,17 @@ for name in ("serverktl_stylegan_xl", "serverktl_stylegan_3", "serverktl_stable_
 sys.argv = ["main.py"] + sys.argv[1:]
 runpy.run_path("main.py", run_name="__main__")
 """
+
+
+# --protocol: "htfllib" mirrors HtFLlib's loaders (shuffle=False) and its seeding (every
+# client's model built right after torch.manual_seed(0)); "fedtsp" is our default protocol.
+PROTOCOLS = {
+    "htfllib": {"batch_order": "fixed", "client_init": "shared"},
+    "fedtsp": {"batch_order": "shuffled", "client_init": "independent"},
+}
+
+# Each protocol's results file: benchmarks/results/htfllib_side_by_side<tail>.json
+PROTOCOL_FILES = (("htfllib", ""), ("fedtsp", "_fedtsp_protocol"))
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
@@ -121,16 +146,14 @@ def base_config(args: argparse.Namespace) -> RunConfig:
         batch_size=100,
         lr=0.01,
         feature_dim=512,
-        # HtFLlib's protocol: its loaders keep the stored order (shuffle=False) and every
-        # client's model is built right after torch.manual_seed(0).
-        batch_order="fixed",
-        client_init="shared",
+        **PROTOCOLS[args.protocol],
     )
 
 
 def export_split(config: RunConfig, dataset: Any, folder: Path) -> None:
     """Write the run's partition in HtFLlib's layout (skipped when it is already there)."""
-    key = run_key(config.replace(algorithm="local"), dataset)
+    # Keyed by what draws the split: the protocol fields do not change it.
+    key = run_key(config.replace(algorithm="local", **PROTOCOLS["fedtsp"]), dataset)
     written = folder / "config.json"
     if written.exists() and json.loads(written.read_text()).get("fedtsp_key") == key:
         return
@@ -183,7 +206,12 @@ def parse_htfllib(log: str) -> dict[str, Any]:
 
 
 def run_htfllib(
-    args: argparse.Namespace, name: str, method_args: list[str], log_path: Path
+    args: argparse.Namespace,
+    root: Path,
+    name: str,
+    method_args: list[str],
+    seed: int,
+    log_path: Path,
 ) -> dict[str, Any]:
     if log_path.exists():
         try:
@@ -193,7 +221,7 @@ def run_htfllib(
     command = [
         sys.executable,
         "-c",
-        STUB.format(threads=args.threads),
+        STUB.format(threads=args.threads, seed=seed),
         *["-data", name, "-ncl", "10", "-m", HTFLLIB_FAMILY, "-fd", "512", "-nc", "20"],
         *["-lbs", "100", "-lr", "0.01", "-ls", "1", "-gr", str(args.rounds), "-jr", "1"],
         *["-eg", "1", "-dev", "cpu", "-t", "1"],
@@ -202,7 +230,7 @@ def run_htfllib(
     env = dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1", OMP_NUM_THREADS=str(args.threads))
     if args.pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.pythonpath, env.get("PYTHONPATH")]))
-    system = Path(args.htfllib) / "system"
+    system = root / "system"
     done = subprocess.run(command, cwd=system, env=env, capture_output=True, text=True)
     shutil.rmtree(system / "temp", ignore_errors=True)  # its per-round model pickles
     log_path.write_text(done.stdout + done.stderr)
@@ -240,6 +268,25 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(rows + ["", "Known departures (ours -> HtFLlib):", *notes]) + "\n"
 
 
+def protocol_table(matched: dict[str, Any], ours: dict[str, Any]) -> str:
+    """Our side under HtFLlib's protocol against our own, beside HtFLlib, per method."""
+    rows = [
+        "| method | fedtsp, fedtsp protocol | fedtsp, HtFLlib protocol | shift | HtFLlib |",
+        "|---|---|---|---|---|",
+    ]
+    for label, res in matched["methods"].items():
+        if label not in ours["methods"]:
+            continue
+        default, mirrored = ours["methods"][label]["ours"], res["ours"]
+        shift = summarise(mirrored["best_acc"])[0] - summarise(default["best_acc"])[0]
+        theirs = _pm(res["htfllib"]["best_acc"]) if res["htfllib"]["best_acc"] else "failed"
+        rows.append(
+            f"| {label} | {_pm(default['best_acc'])} | {_pm(mirrored['best_acc'])} "
+            f"| {shift:+.2f} | {theirs} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
 def _pm(values: list[float]) -> str:
     """The project's "mean ± std" cell; repeats that all agree (a deterministic HtFLlib run
     repeated) say so instead of showing a spread of 0.00."""
@@ -259,6 +306,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument(
+        "--htfllib-tree",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("COMMIT", "DIR"),
+        help="HtFLlib at another commit, for the rows that need it (see HTFLLIB_AT)",
+    )
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument(
         "--work",
@@ -266,11 +321,30 @@ def main(argv: list[str] | None = None) -> int:
         help="scratch folder: our run store and HtFLlib's logs (default: in the temp folder)",
     )
     parser.add_argument(
-        "--out", default=str(REPO_ROOT / "benchmarks/results/htfllib_side_by_side.json")
+        "--protocol",
+        choices=list(PROTOCOLS),
+        default="htfllib",
+        help="our side's batch order and initialisation: HtFLlib's (default) or fedtsp's",
     )
+    parser.add_argument("--out", help="results JSON (default: benchmarks/results/, by protocol)")
     args = parser.parse_args(argv)
-    if not (Path(args.htfllib) / "system" / "main.py").exists():
-        parser.error(f"--htfllib {args.htfllib}: no system/main.py there (an HtFLlib checkout?)")
+    if args.out is None:
+        tail = dict(PROTOCOL_FILES)[args.protocol]
+        args.out = str(REPO_ROOT / f"benchmarks/results/htfllib_side_by_side{tail}.json")
+    trees = {commit: Path(folder) for commit, folder in args.htfllib_tree}
+    for flag, root in [
+        ("--htfllib", Path(args.htfllib)),
+        *(("--htfllib-tree", t) for t in trees.values()),
+    ]:
+        if not (root / "system" / "main.py").exists():
+            parser.error(f"{flag} {root}: no system/main.py there (an HtFLlib checkout?)")
+    for label in args.methods:
+        if label in HTFLLIB_AT and HTFLLIB_AT[label] not in trees:
+            commit = HTFLLIB_AT[label]
+            parser.error(
+                f"row {label!r} runs HtFLlib at {commit}: pass --htfllib-tree {commit} DIR "
+                f"(e.g. git -C <HtFLlib clone> worktree add DIR {commit}), or leave the row out"
+            )
     torch.set_num_threads(args.threads)
     work = Path(args.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -281,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     name = f"Cifar10_fedtsp_frac{args.fraction:g}"
     split = Path(args.htfllib) / "dataset" / name
     export_split(base, dataset, split)
+    for root in trees.values():
+        export_split(base, dataset, root / "dataset" / name)
     results: dict[str, Any] = {
-        "what": "best accuracy over R + 1 evaluations (%), mean ± sample std over repeats",
+        "what": "best accuracy over R + 1 evaluations (%), mean ± sample std over seeds",
         "setting": {
             "dataset": "cifar10",
             "data_checksum": dataset.checksum,
@@ -294,6 +370,7 @@ def main(argv: list[str] | None = None) -> int:
             "local_epochs": 1,
             "batch_size": 100,
             "lr": 0.01,
+            "protocol": args.protocol,
             "batch_order": base.batch_order,
             "client_init": base.client_init,
             "seeds": args.seeds,
@@ -320,7 +397,9 @@ def main(argv: list[str] | None = None) -> int:
             ours["best_acc"].append(mine["best_acc"])
             ours["s_per_round"].append(mine["s_per_round"])
             ours["keys"].append(mine["key"])
-            other = run_htfllib(args, name, method_args, work / "logs" / f"{label}-{seed}.log")
+            root = trees[HTFLLIB_AT[label]] if label in HTFLLIB_AT else Path(args.htfllib)
+            log = work / "logs" / f"{label.replace(', ', '-').replace(' ', '-')}-seed{seed}.log"
+            other = run_htfllib(args, root, name, method_args, seed, log)
             if "error" in other:
                 theirs["errors"].append(other["error"])
             else:
@@ -332,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         res: dict[str, Any] = {"ours": ours, "htfllib": theirs}
+        if label in HTFLLIB_AT:
+            res["htfllib_commit"] = HTFLLIB_AT[label]
         ours["s_per_round"] = statistics.fmean(ours["s_per_round"])
         if theirs["best_acc"]:
             (m1, s1), (m2, s2) = summarise(ours["best_acc"]), summarise(theirs["best_acc"])
@@ -344,6 +425,10 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(results, indent=2) + "\n")  # after every method: resumable
         out.with_suffix(".md").write_text(table(results))
     print(table(results))
+    both = {name: out.parent / f"htfllib_side_by_side{tail}.json" for name, tail in PROTOCOL_FILES}
+    if all(path.exists() for path in both.values()):
+        matched, own = (json.loads(both[name].read_text()) for name in PROTOCOLS)
+        (out.parent / "htfllib_side_by_side_protocols.md").write_text(protocol_table(matched, own))
     print(f"wrote {portable_path(out)} and {portable_path(out.with_suffix('.md'))}")
     return 0
 

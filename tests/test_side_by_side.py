@@ -1,0 +1,90 @@
+"""The HtFLlib side-by-side script: log parsing, the verdict rule, its committed table, and
+bad input caught before any work (HtFLlib itself is not run here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location(
+    "htfllib_side_by_side", REPO / "benchmarks" / "htfllib_side_by_side.py"
+)
+sbs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sbs)
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def _log(accs: list[float], times: list[float], finished: bool = True) -> str:
+    lines = ["algorithm = Local"]
+    for i, (acc, t) in enumerate(zip(accs, times, strict=True)):
+        lines += [f"-------------Round number: {i}-------------", f"Averaged Test Accurancy: {acc}"]
+        lines.append(f"{'-' * 25} time cost {'-' * 25} {t}")
+    if finished:
+        lines += ["Best accuracy.", str(max(accs))]
+    return "\n".join(lines)
+
+
+def test_an_htfllib_log_gives_best_accuracy_and_seconds_per_round_without_the_first():
+    parsed = sbs.parse_htfllib(_log([0.1, 0.45, 0.5], [9.0, 2.0, 4.0]))
+    assert parsed["best_acc"] == pytest.approx(50.0)
+    assert parsed["accs"] == [10.0, 45.0, 50.0]
+    assert parsed["s_per_round"] == pytest.approx(3.0)  # round 0's set-up time left out
+    with pytest.raises(RuntimeError, match="did not finish"):
+        sbs.parse_htfllib(_log([0.1, 0.2], [1.0, 1.0], finished=False))
+
+
+def test_the_summary_uses_the_sample_std_and_identical_repeats_never_read_0_00():
+    mean, std = sbs.summarise([60.0, 61.0, 62.0])
+    assert (mean, std) == (61.0, 1.0)  # ddof = 1 (population std would be 0.816)
+    assert "(n = 3, all equal)" in sbs._pm([45.3, 45.3, 45.3])
+    assert "0.00" not in sbs._pm([45.3, 45.3, 45.3])
+
+
+COMMITTED = sorted(p.name for p in RESULTS.glob("htfllib_side_by_side*.json"))
+
+
+def test_the_main_comparison_is_committed():
+    assert "htfllib_side_by_side.json" in COMMITTED
+
+
+@pytest.mark.parametrize("name", COMMITTED)
+def test_committed_tables_are_regenerated_from_their_json_and_follow_the_rule(name):
+    results = json.loads((RESULTS / name).read_text())
+    assert (RESULTS / name).with_suffix(".md").read_text() == sbs.table(results)
+    assert results["setting"]["seeds"] == [0, 1, 2]
+    for label, res in results["methods"].items():
+        if "difference" not in res:  # HtFLlib failed: the table says so
+            assert res["htfllib"]["errors"], label
+            continue
+        (m1, s1), (m2, s2) = (sbs.summarise(res[k]["best_acc"]) for k in ("ours", "htfllib"))
+        assert res["difference"] == pytest.approx(m1 - m2)
+        assert res["tolerance"] == pytest.approx(max(1.5, 2 * max(s1, s2)))
+        assert res["within"] == (abs(m1 - m2) <= res["tolerance"])
+
+
+def test_a_row_needing_another_htfllib_commit_fails_in_one_line_before_any_work(tmp_path, capsys):
+    (tmp_path / "system").mkdir()
+    (tmp_path / "system" / "main.py").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        sbs.main(["--htfllib", str(tmp_path), "--methods", "FD, softmax target"])
+    assert exit_info.value.code == 2
+    assert "--htfllib-tree 6e6f1ae DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        sbs.main(["--htfllib", str(tmp_path / "nothing")])
+    assert "no system/main.py" in capsys.readouterr().err
+
+
+def test_the_protocol_table_sets_each_method_under_both_protocols_beside_htfllib():
+    def results(ours: list[float], theirs: list[float]) -> dict:
+        row = {"ours": {"best_acc": ours}, "htfllib": {"best_acc": theirs, "errors": []}}
+        return {"methods": {"FedGH": row}}
+
+    matched = results([47.0, 48.0, 49.0], [45.0, 45.5, 46.0])
+    own = results([54.0, 55.0, 56.0], [45.0, 45.5, 46.0])
+    own["methods"]["Only ours"] = own["methods"]["FedGH"]  # left out: not in both
+    lines = sbs.protocol_table(matched, own).splitlines()
+    assert len(lines) == 3
+    assert lines[2].startswith("| FedGH | 55.00 ± 1.00 | 48.00 ± 1.00 | -7.00 | 45.50 ± 0.50 |")
