@@ -180,16 +180,20 @@ class Client:
         seen.index_add_(0, y, torch.ones_like(y, dtype=seen.dtype))
 
     def prototypes(self, source: str) -> tuple[Tensor, Tensor]:
-        """Per-class mean features and per-class train counts, from `source` (PROTOTYPE_SOURCES).
+        """Per-class mean features and per-class counts, from `source` (PROTOTYPE_SOURCES).
 
-        "training" uses (and clears) the sums of `record_class_sums` since the last call.
+        "pass": the counts are the train split's class counts. "training" uses (and clears)
+        the sums of `record_class_sums` since the last call, and the counts are the features
+        each mean holds: a class whose samples all fell in dropped partial batches has count
+        0, so it is not uploaded as a zero "prototype" (as in the authors' code, where only
+        the classes met in training get a prototype).
         """
         if source == "pass":
             return self.class_prototypes()
         if _TRAIN_SUMS not in self.state:
             raise RuntimeError(f"client {self.index}: no training features were recorded")
         sums, seen = self.state.pop(_TRAIN_SUMS)
-        return sums / seen.clamp(min=1).unsqueeze(1), self.class_counts()
+        return sums / seen.clamp(min=1).unsqueeze(1), seen.round().long()
 
     def state_dict(self) -> dict[str, Any]:
         # Modules in the algorithm's state (e.g. a shared model) are saved as weights only.

@@ -100,7 +100,7 @@ class RunConfig:
         from fedtsp.algorithms import ALGORITHMS
 
         method = ALGORITHMS.get(self.algorithm)
-        revision = method.revision if method is not None else 0
+        revision = method.key_revision(self.algo_options) if method is not None else 0
         if revision:  # at 0 it stays out, so unrevised methods keep their keys
             config["algorithm_revision"] = revision
         payload = {"config": config, "extra": extra or {}}

@@ -80,6 +80,13 @@ def test_a_revised_method_never_reuses_its_older_records(algorithm):
     assert plain.key() == key_before_fields(plain)
 
 
+def test_fedtsp_is_revised_only_for_the_option_whose_code_changed():
+    default = RunConfig(algorithm="fedtsp", channels_last=False)
+    assert default.key() == key_before_fields(default)
+    training = default.replace(algo_options={"prototype_source": "training"})
+    assert training.key() != key_before_fields(training)
+
+
 # ---- aggregation -----------------------------------------------------------------------------
 def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data):
     run = started(homo_config("fedavg"), tiny_data)

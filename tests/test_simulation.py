@@ -279,6 +279,34 @@ def test_shared_client_init_starts_each_architecture_from_one_set_of_weights(tin
         tiny_config(client_init="zero").validate()
 
 
+@pytest.mark.parametrize(("algorithm", "key"), [("fedproto", "protos"), ("feddistill", "logits")])
+def test_a_class_met_only_in_dropped_batches_is_not_uploaded_as_zeros(tiny_data, algorithm, key):
+    from fedtsp.aggregation import aggregate_prototypes
+
+    run = prepare(tiny_config(algorithm=algorithm, batch_order="fixed"), dataset=tiny_data)
+    client, other = run.clients[0], run.clients[1]
+    both = (client.class_counts() > 0) & (other.class_counts() > 0)
+    c = int(torch.nonzero(both)[client.class_counts()[both].argmin()])
+    # Client 0's class-c samples last, and one batch holding all the others: c is never met.
+    order = torch.argsort((client.train_y == c).long(), stable=True)
+    client.train_x, client.train_y = client.train_x[order], client.train_y[order]
+    batch = int((client.train_y != c).sum())
+    assert batch > int(client.class_counts()[c]) > 0
+    uploads = []
+    for trainer in (client, other):
+        trainer.train(run.algorithm.train_loss, 1, batch, torch.Generator().manual_seed(0))
+        uploads.append(run.algorithm.upload(trainer))
+    assert int(uploads[0]["counts"][c]) == 0 and int(uploads[1]["counts"][c]) > 0
+    met = client.class_counts().clone()
+    met[c] = 0
+    assert torch.equal(uploads[0]["counts"], met)  # one epoch: every other sample was met
+    merged, present = aggregate_prototypes(
+        [u[key] for u in uploads], [u["counts"] for u in uploads], "uniform"
+    )
+    assert bool(present[c])
+    torch.testing.assert_close(merged[c], uploads[1][key][c])  # not halved by a zero row
+
+
 @pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])
 def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_data, algorithm):
     # prototype_source="training" (the authors' code): no extra pass; every batch of every

@@ -73,6 +73,12 @@ class Algorithm:
     # another meaning: a revision > 0 enters the run key, so those records are never reused.
     revision: ClassVar[int] = 0
 
+    @classmethod
+    def key_revision(cls, algo_options: dict[str, Any]) -> int:
+        """The revision a run with these (non-default) options hashes with; a method whose
+        change touched only some options' code overrides this."""
+        return cls.revision
+
     def __init__(self, options: Any, ctx: RunContext) -> None:
         self.opts = options
         self.ctx = ctx

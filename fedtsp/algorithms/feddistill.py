@@ -16,6 +16,8 @@ weights by class counts), and the term is ``lam * CE(logits, softmax(G_y))``
 until it switched, in November 2025, to a cross-entropy towards the raw logits.
 
 Revision 1 (run keys): the defaults were ``"pass"``, ``"samples"`` and ``"mse"``.
+Revision 2: with ``logit_source="training"`` a class met only in dropped partial batches was
+uploaded as zero logits and averaged in; it is now left out.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class FedDistillOptions:
 class FedDistill(Algorithm):
     name = "feddistill"
     Options = FedDistillOptions
-    revision = 1
+    revision = 2
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor

@@ -12,6 +12,8 @@ is evaluated through its own head, as the fork does. Upstream HtFLlib classifies
 nearest global prototype instead (``eval_mode="prototype"``).
 
 Revision 1 (run keys): the defaults were ``weighting="samples"``, ``prototype_source="pass"``.
+Revision 2: with ``prototype_source="training"`` a class met only in dropped partial batches
+was uploaded as a zero vector and averaged in; it is now left out.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def nearest_prototype_logits(
 class FedProto(Algorithm):
     name = "fedproto"
     Options = FedProtoOptions
-    revision = 1
+    revision = 2
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor

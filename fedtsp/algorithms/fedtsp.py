@@ -17,7 +17,9 @@ m-1 real tokens included (``"overwrite_first"``; identical for m = 1, CIFAR-10);
 ``"after_start"`` keeps the start/[CLS] token. Image prototypes (``prototype_source``): by
 default a pass with the trained model after local training (Eq. 5, "at the end of each
 training round"); the authors' code averages the features of the training forward passes
-of all local epochs instead (``"training"``, no extra pass).
+of all local epochs instead (``"training"``, no extra pass). Runs with ``"training"`` hash
+with revision 1: before it a class met only in dropped partial batches was uploaded as a
+zero vector (the default's keys are unchanged).
 
 Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) every client
 holds the same architecture, and the whole model, head included, is averaged with FedAvg
@@ -147,6 +149,11 @@ class FedTSP(Algorithm):
     name = "fedtsp"
     Options = FedTSPOptions
     settings = ("htfl", "gfl")
+
+    @classmethod
+    def key_revision(cls, algo_options: dict[str, Any]) -> int:
+        # Only prototype_source="training" changed (see the module docstring).
+        return 1 if algo_options.get("prototype_source") == "training" else 0
 
     @classmethod
     def required_feature_dim(cls, options: FedTSPOptions) -> int:
