@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedtsp.config import BATCH_ORDERS, CLIENT_INITS, RunConfig
+from fedtsp.config import BATCH_ORDERS, CLIENT_INITS, UNDERSIZED_CLIENTS, RunConfig
 from fedtsp.errors import UserError, debug_requested, one_line
 from fedtsp.paths import portable_path
 
@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.client_init,
         choices=CLIENT_INITS,
         help="independent client weights, or shared: one architecture, one start (as HtFLlib)",
+    )
+    group.add_argument(
+        "--undersized-clients",
+        default=defaults.undersized_clients,
+        choices=UNDERSIZED_CLIENTS,
+        help="clients smaller than one batch: train on it, or skip (as HtFLlib's drop_last)",
     )
     group.add_argument(
         "--feature-dim",

@@ -65,6 +65,8 @@ class Client:
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # False: every epoch visits the training set in its stored order (RunConfig.batch_order).
     shuffle: bool = True
+    # False: fewer training samples than one batch give no batch (RunConfig.undersized_clients).
+    train_undersized: bool = True
 
     @property
     def num_train(self) -> int:
@@ -81,7 +83,8 @@ class Client:
         """Index batches of one epoch, shuffled unless ``self.shuffle`` is False.
 
         The trailing partial batch is dropped (as the authors' DataLoader does), unless it
-        would be the only batch, so that tiny clients still train.
+        would be the only batch and ``self.train_undersized`` holds, so that tiny clients
+        still train.
         """
         if self.shuffle:
             perm = torch.randperm(self.num_train, generator=generator, device="cpu")
@@ -90,7 +93,7 @@ class Client:
             perm = torch.arange(self.num_train, device=self.device)
         full = self.num_train // batch_size
         if full == 0:
-            return [perm]
+            return [perm] if self.train_undersized else []
         return list(perm[: full * batch_size].split(batch_size))
 
     def train(
@@ -101,7 +104,8 @@ class Client:
         generator: torch.Generator,
         before_step: Callable[[Client], None] | None = None,
     ) -> float:
-        """Run local epochs with ``loss_fn(client, x, y)``; return the mean batch loss.
+        """Run local epochs with ``loss_fn(client, x, y)``; return the mean batch loss
+        (NaN when the client has no batch to train on).
 
         ``before_step(client)`` runs after each backward pass (e.g. gradient clipping).
         """
@@ -123,7 +127,9 @@ class Client:
                 self.model_seconds += time.perf_counter() - start
                 total += loss.detach().float()
                 steps += 1
-        mean = float(total) / max(steps, 1)
+        if steps == 0:
+            return float("nan")
+        mean = float(total) / steps
         # One check per client instead of per step: a NaN propagates into the sum.
         if not math.isfinite(mean):
             raise NonFiniteLossError(f"local training loss became {mean} on client {self.index}")
@@ -179,19 +185,21 @@ class Client:
         sums.index_add_(0, y, values.detach().float())
         seen.index_add_(0, y, torch.ones_like(y, dtype=seen.dtype))
 
-    def prototypes(self, source: str) -> tuple[Tensor, Tensor]:
+    def prototypes(self, source: str, width: int | None = None) -> tuple[Tensor, Tensor]:
         """Per-class mean features and per-class counts, from `source` (PROTOTYPE_SOURCES).
 
         "pass": the counts are the train split's class counts. "training" uses (and clears)
         the sums of `record_class_sums` since the last call, and the counts are the features
         each mean holds: a class whose samples all fell in dropped partial batches has count
         0, so it is not uploaded as a zero "prototype" (as in the authors' code, where only
-        the classes met in training get a prototype).
+        the classes met in training get a prototype). A client that trained on no batch
+        sends zeros with count 0; ``width`` is then their width (default: the feature width).
         """
         if source == "pass":
             return self.class_prototypes()
         if _TRAIN_SUMS not in self.state:
-            raise RuntimeError(f"client {self.index}: no training features were recorded")
+            zeros = torch.zeros(self.num_classes, width or self.model.feature_dim)
+            return zeros.to(self.device), torch.zeros_like(self.class_counts())
         sums, seen = self.state.pop(_TRAIN_SUMS)
         return sums / seen.clamp(min=1).unsqueeze(1), seen.round().long()
 

@@ -27,6 +27,9 @@ BATCH_ORDERS = ("shuffled", "fixed")
 # seed; "shared", torch reseeded with the run's seed before each model, so clients of one
 # architecture start identical (HtFLlib seeds torch with 0 before building each client).
 CLIENT_INITS = ("independent", "shared")
+# Clients with fewer training samples than one batch: "train" on that one partial batch;
+# "skip" training them, as HtFLlib's DataLoader(drop_last=True) does (it yields no batch).
+UNDERSIZED_CLIENTS = ("train", "skip")
 # Fields added after the first run records: at these defaults they stay out of the run's
 # hash, so the records made before they existed keep their keys.
 # channels_last=False is how every record before the field was made (NCHW images).
@@ -35,6 +38,7 @@ _HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {
     "channels_last": False,
     "batch_order": "shuffled",
     "client_init": "independent",
+    "undersized_clients": "train",
 }
 
 
@@ -67,6 +71,7 @@ class RunConfig:
     seed: int = 0
     batch_order: str = "shuffled"  # see BATCH_ORDERS
     client_init: str = "independent"  # see CLIENT_INITS
+    undersized_clients: str = "train"  # see UNDERSIZED_CLIENTS
     global_eval_every: int = 0  # 0: never; k: every k rounds and after the last round
     # execution
     device: str = "cpu"
@@ -164,6 +169,9 @@ class RunConfig:
             bad("batch_order", self.batch_order, f"choose one of {', '.join(BATCH_ORDERS)}")
         if self.client_init not in CLIENT_INITS:
             bad("client_init", self.client_init, f"choose one of {', '.join(CLIENT_INITS)}")
+        if self.undersized_clients not in UNDERSIZED_CLIENTS:
+            allowed = ", ".join(UNDERSIZED_CLIENTS)
+            bad("undersized_clients", self.undersized_clients, f"choose one of {allowed}")
         if self.global_eval_every < 0:
             bad("global_eval_every", self.global_eval_every, "use 0 (never) or a positive period")
         if self.device.split(":")[0] not in DEVICES:

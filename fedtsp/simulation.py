@@ -166,6 +166,7 @@ def prepare(
                 dataset.num_classes,
                 autocast=autocast,
                 shuffle=config.batch_order == "shuffled",
+                train_undersized=config.undersized_clients == "train",
             )
         )
 
@@ -297,7 +298,7 @@ def _train_round(run: PreparedRun, round_index: int, timings: dict[str, float]) 
         algo.receive(client, broadcast)
     timings["broadcast"] = time.perf_counter() - start
     return {
-        "train_loss": float(np.mean(losses)),
+        "train_loss": float(np.nanmean(losses)),  # NaN: a client with no batch
         "bytes_up_per_client": float(np.mean([message_nbytes(u) for u in uploads])),
         "bytes_down_per_client": float(message_nbytes(broadcast)),
         **algo.round_metrics(),

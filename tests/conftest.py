@@ -49,7 +49,7 @@ def tiny_config(**changes) -> RunConfig:
 
 
 # Config fields added after the first run records, each hash-neutral at its default.
-LATER_FIELDS = ("setting", "channels_last", "batch_order", "client_init")
+LATER_FIELDS = ("setting", "channels_last", "batch_order", "client_init", "undersized_clients")
 
 
 def key_before_fields(config: RunConfig, extra: dict | None = None) -> str:

@@ -110,7 +110,10 @@ def test_htfllib_protocol_flags_reach_the_run_config():
         return _config_from_args(build_parser().parse_args(["run", *flags]))
 
     plain = config()
-    matched = config("--batch-order", "fixed", "--client-init", "shared")
+    matched = config(
+        "--batch-order", "fixed", "--client-init", "shared", "--undersized-clients", "skip"
+    )
     assert (plain.batch_order, plain.client_init) == ("shuffled", "independent")
     assert (matched.batch_order, matched.client_init) == ("fixed", "shared")
+    assert (plain.undersized_clients, matched.undersized_clients) == ("train", "skip")
     assert matched.key() != plain.key()

@@ -65,6 +65,7 @@ def test_later_config_fields_keep_old_run_keys_at_their_defaults():
         "channels_last": True,
         "batch_order": "fixed",
         "client_init": "shared",
+        "undersized_clients": "skip",
     }
     assert set(changed) == set(LATER_FIELDS)
     keys = {config.replace(**{name: value}).key() for name, value in changed.items()}

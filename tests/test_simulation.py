@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -254,6 +255,28 @@ def test_fixed_batch_order_visits_the_stored_order_every_epoch(tiny_data):
     assert torch.cat(first).tolist() != torch.cat(second).tolist()
     with pytest.raises(ConfigError, match="batch_order='random' is invalid"):
         tiny_config(batch_order="random").validate()
+
+
+@pytest.mark.parametrize("algorithm", ["fedproto", "feddistill"])
+def test_a_client_smaller_than_a_batch_is_skipped_only_when_asked(tiny_data, algorithm):
+    def smallest(undersized: str):
+        config = tiny_config(algorithm=algorithm, undersized_clients=undersized)
+        run = prepare(config, dataset=tiny_data)
+        return run, min(run.clients, key=lambda c: c.num_train)
+
+    for undersized, trains in (("train", True), ("skip", False)):
+        run, client = smallest(undersized)
+        batch = client.num_train + 1
+        before = [p.detach().clone() for p in client.model.parameters()]
+        loss = client.train(run.algorithm.train_loss, 1, batch, torch.Generator().manual_seed(0))
+        moved = any(
+            not torch.equal(a, p) for a, p in zip(before, client.model.parameters(), strict=True)
+        )
+        assert moved == trains and math.isnan(loss) != trains, undersized
+        upload = run.algorithm.upload(client)  # no training features: nothing to upload
+        assert (int(upload["counts"].sum()) > 0) == trains, undersized
+    with pytest.raises(ConfigError, match="undersized_clients='drop' is invalid"):
+        tiny_config(undersized_clients="drop").validate()
 
 
 def test_shared_client_init_starts_each_architecture_from_one_set_of_weights(tiny_data):

@@ -108,6 +108,7 @@ CASES = [
     (["run", "--setting", "foo"], "'foo'"),
     (["run", "--batch-order", "random"], "'random'"),
     (["run", "--client-init", "zero"], "'zero'"),
+    (["run", "--undersized-clients", "drop"], "'drop'"),
     (["run", "--checkpoint-every", "0"], "checkpoint_every=0"),
     (["run", "--algorithm", "fedproto", "--lam", "-1"], "lam=-1.0"),
     (["run", "--algorithm", "local", "--lam", "1"], "lam"),

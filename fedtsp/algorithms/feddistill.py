@@ -84,7 +84,7 @@ class FedDistill(Algorithm):
 
     def upload(self, client: Client) -> Message:
         if self.opts.logit_source == "training":
-            means, counts = client.prototypes("training")
+            means, counts = client.prototypes("training", width=client.num_classes)
         else:
             means, counts = class_mean_logits(client)
         return {"logits": means, "counts": counts}

@@ -365,7 +365,7 @@ class ServerLoop:
             broadcast = self.algorithm.server_step(ups, t)
             timings["server"] = time.perf_counter() - start
             row |= {
-                "train_loss": float(np.mean([replies[i]["train_loss"] for i in order])),
+                "train_loss": float(np.nanmean([replies[i]["train_loss"] for i in order])),
                 "bytes_up_per_client": float(np.mean([message_nbytes(u) for u in ups])),
                 "bytes_down_per_client": float(message_nbytes(broadcast)),
                 **self.algorithm.round_metrics(),
@@ -438,6 +438,7 @@ class NodeRuntime:
             len(run["dataset"]["classes"]),
             autocast=_autocast_factory(cfg),
             shuffle=cfg.batch_order == "shuffled",
+            train_undersized=cfg.undersized_clients == "train",
         )
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         algorithm = get_algorithm(cfg.algorithm)(options, _run_context(run, cfg))
