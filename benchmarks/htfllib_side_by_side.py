@@ -17,9 +17,11 @@ of the merged images) is drawn by fedtsp and exported in HtFLlib's layout to
 ``HtFE-img-2``: FedAvgCNN + ResNet-18), d = 512, 1 local epoch, batch 100, lr 0.01 and
 ``--rounds`` rounds (HtFLlib ``-gr R`` = R + 1 evaluations, like ours), once per seed, with
 the method settings of the authors' scripts. With ``--protocol htfllib`` (the default) our
-side also follows HtFLlib's protocol: ``batch_order="fixed"`` (its loaders do not shuffle)
-and ``client_init="shared"`` (it reseeds torch before building each client, so clients of
-one architecture start identical); ``--protocol fedtsp`` keeps ours. HtFLlib has no seed
+side also follows HtFLlib's protocol: ``batch_order="fixed"`` (its loaders do not shuffle),
+``client_init="shared"`` (it reseeds torch before building each client, so clients of one
+architecture start identical) and ``undersized_clients="skip"`` (its ``drop_last=True``
+loader gives a client smaller than one batch no batch); ``--protocol fedtsp`` keeps ours,
+and the other protocols change one field of ours each. HtFLlib has no seed
 option (every seeding call in it is ``torch.manual_seed(0)``); the launcher shifts those
 calls by the repeat's seed, so both sides' repeats vary the seed (seed 0 is HtFLlib
 unchanged). Beyond that, HtFLlib is not deterministic (unseeded ``random`` / ``numpy``).
@@ -123,15 +125,25 @@ runpy.run_path("main.py", run_name="__main__")
 """
 
 
-# --protocol: "htfllib" mirrors HtFLlib's loaders (shuffle=False) and its seeding (every
-# client's model built right after torch.manual_seed(0)); "fedtsp" is our default protocol.
+# --protocol: our side's batch order, initial weights and small clients. "htfllib" mirrors
+# HtFLlib's loaders (shuffle=False, drop_last=True: a client smaller than one batch never
+# trains) and seeding (every client's model built right after torch.manual_seed); "fedtsp"
+# is our default; the others change one field of it, to tell their effects apart.
+_HTFLLIB = {"batch_order": "fixed", "client_init": "shared", "undersized_clients": "skip"}
+_FEDTSP = {"batch_order": "shuffled", "client_init": "independent", "undersized_clients": "train"}
 PROTOCOLS = {
-    "htfllib": {"batch_order": "fixed", "client_init": "shared"},
-    "fedtsp": {"batch_order": "shuffled", "client_init": "independent"},
+    "htfllib": _HTFLLIB,
+    "fedtsp": _FEDTSP,
+    "fixed-order": {**_FEDTSP, "batch_order": "fixed"},
+    "shared-start": {**_FEDTSP, "client_init": "shared"},
+    "skip-undersized": {**_FEDTSP, "undersized_clients": "skip"},
 }
 
-# Each protocol's results file: benchmarks/results/htfllib_side_by_side<tail>.json
-PROTOCOL_FILES = (("htfllib", ""), ("fedtsp", "_fedtsp_protocol"))
+
+def results_file(folder: Path, protocol: str) -> Path:
+    """Where a protocol's results go: the HtFLlib protocol's is the main comparison."""
+    tail = "" if protocol == "htfllib" else f"_{protocol}_protocol"
+    return folder / f"htfllib_side_by_side{tail}.json"
 
 
 def base_config(args: argparse.Namespace) -> RunConfig:
@@ -175,8 +187,20 @@ def check_same_split(folder: Path, record: dict[str, Any]) -> None:
 def run_ours(config: RunConfig, dataset: Any, store: Path) -> dict[str, Any]:
     record = run_experiment(config, dataset=dataset, out=store, resume=True, progress=False)
     trained = [row["wall"] for row in record["history"][:-1]]  # the last row only evaluates
+    # Clients with fewer training samples than one batch: HtFLlib's loader (drop_last=True)
+    # gives them no batch at all, ours one partial batch; their share of our best accuracy.
+    sizes = [sum(c) for c in record["partition"]["train_class_counts"]]
+    tests = [sum(c) for c in record["partition"]["test_class_counts"]]
+    best = max(record["history"], key=lambda row: row["acc"])
+    small = [i for i, n in enumerate(sizes) if n < config.batch_size]
     return {
         "best_acc": 100 * record["summary"]["best_acc"],
+        "undersized": {
+            "clients": small,
+            "test_samples": sum(tests[i] for i in small),
+            "all_test_samples": sum(tests),
+            "points": 100 * sum(tests[i] * best["client_acc"][i] for i in small) / sum(tests),
+        },
         "accs": [round(100 * row["acc"], 2) for row in record["history"]],
         "s_per_round": statistics.fmean(trained[1:] or trained),  # like HtFLlib: not the first
         "key": record["key"],
@@ -265,25 +289,38 @@ def table(results: dict[str, Any]) -> str:
             f"| {theirs['s_per_round']:.2f} |"
         )
     notes = [f"- {k}: {v}" for k, v in results["departures"].items()]
+    shares = [
+        (max(u["points"] for u in res["ours"]["undersized"]), label)
+        for label, res in results["methods"].items()
+        if "undersized" in res["ours"]
+    ]
+    if shares and results["setting"].get("undersized_clients", "train") == "train":
+        first = next(iter(results["methods"].values()))["ours"]["undersized"][0]
+        most, where = max(shares)
+        notes.append(
+            "- all: clients with fewer training samples than one batch train on that one "
+            "partial batch here; HtFLlib's loader (drop_last=True) gives them none, so they "
+            f"never train ({len(first['clients'])} of {results['setting']['num_clients']} "
+            f"clients, {first['test_samples']} of {first['all_test_samples']} test samples; "
+            f"they make at most {most:.2f} points of our best accuracy, in {where})"
+        )
     return "\n".join(rows + ["", "Known departures (ours -> HtFLlib):", *notes]) + "\n"
 
 
-def protocol_table(matched: dict[str, Any], ours: dict[str, Any]) -> str:
-    """Our side under HtFLlib's protocol against our own, beside HtFLlib, per method."""
-    rows = [
-        "| method | fedtsp, fedtsp protocol | fedtsp, HtFLlib protocol | shift | HtFLlib |",
-        "|---|---|---|---|---|",
-    ]
-    for label, res in matched["methods"].items():
-        if label not in ours["methods"]:
-            continue
-        default, mirrored = ours["methods"][label]["ours"], res["ours"]
-        shift = summarise(mirrored["best_acc"])[0] - summarise(default["best_acc"])[0]
+def protocol_table(by_protocol: dict[str, dict[str, Any]]) -> str:
+    """Our side's best accuracy under each protocol measured, beside HtFLlib, per method."""
+    names = [name for name in PROTOCOLS if name in by_protocol]
+    header = " | ".join(f"fedtsp, {name} protocol" for name in names)
+    rows = [f"| method | {header} | HtFLlib |", "|---" * (len(names) + 2) + "|"]
+    for label, res in by_protocol["htfllib"]["methods"].items():
+        cells = [
+            _pm(by_protocol[name]["methods"][label]["ours"]["best_acc"])
+            if label in by_protocol[name]["methods"]
+            else "-"
+            for name in names
+        ]
         theirs = _pm(res["htfllib"]["best_acc"]) if res["htfllib"]["best_acc"] else "failed"
-        rows.append(
-            f"| {label} | {_pm(default['best_acc'])} | {_pm(mirrored['best_acc'])} "
-            f"| {shift:+.2f} | {theirs} |"
-        )
+        rows.append(f"| {label} | {' | '.join(cells)} | {theirs} |")
     return "\n".join(rows) + "\n"
 
 
@@ -324,13 +361,12 @@ def main(argv: list[str] | None = None) -> int:
         "--protocol",
         choices=list(PROTOCOLS),
         default="htfllib",
-        help="our side's batch order and initialisation: HtFLlib's (default) or fedtsp's",
+        help="our side's batch order and initial weights (see PROTOCOLS; default: HtFLlib's)",
     )
     parser.add_argument("--out", help="results JSON (default: benchmarks/results/, by protocol)")
     args = parser.parse_args(argv)
     if args.out is None:
-        tail = dict(PROTOCOL_FILES)[args.protocol]
-        args.out = str(REPO_ROOT / f"benchmarks/results/htfllib_side_by_side{tail}.json")
+        args.out = str(results_file(REPO_ROOT / "benchmarks" / "results", args.protocol))
     trees = {commit: Path(folder) for commit, folder in args.htfllib_tree}
     for flag, root in [
         ("--htfllib", Path(args.htfllib)),
@@ -373,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             "protocol": args.protocol,
             "batch_order": base.batch_order,
             "client_init": base.client_init,
+            "undersized_clients": base.undersized_clients,
             "seeds": args.seeds,
             "threads": args.threads,
         },
@@ -387,7 +424,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for label in args.methods:
         algorithm, options, method_args = METHODS[label]
-        ours: dict[str, list] = {"best_acc": [], "s_per_round": [], "keys": []}
+        ours: dict[str, list] = {"best_acc": [], "s_per_round": [], "keys": [], "undersized": []}
         theirs: dict[str, list] = {"best_acc": [], "s_per_round": [], "errors": []}
         for seed in args.seeds:
             start = time.perf_counter()
@@ -396,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
             check_same_split(split, mine.pop("record"))
             ours["best_acc"].append(mine["best_acc"])
             ours["s_per_round"].append(mine["s_per_round"])
+            ours["undersized"].append(mine["undersized"])
             ours["keys"].append(mine["key"])
             root = trees[HTFLLIB_AT[label]] if label in HTFLLIB_AT else Path(args.htfllib)
             log = work / "logs" / f"{label.replace(', ', '-').replace(' ', '-')}-seed{seed}.log"
@@ -425,10 +463,13 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(json.dumps(results, indent=2) + "\n")  # after every method: resumable
         out.with_suffix(".md").write_text(table(results))
     print(table(results))
-    both = {name: out.parent / f"htfllib_side_by_side{tail}.json" for name, tail in PROTOCOL_FILES}
-    if all(path.exists() for path in both.values()):
-        matched, own = (json.loads(both[name].read_text()) for name in PROTOCOLS)
-        (out.parent / "htfllib_side_by_side_protocols.md").write_text(protocol_table(matched, own))
+    measured = {
+        name: json.loads(results_file(out.parent, name).read_text())
+        for name in PROTOCOLS
+        if results_file(out.parent, name).exists()
+    }
+    if len(measured) > 1 and "htfllib" in measured:
+        (out.parent / "htfllib_side_by_side_protocols.md").write_text(protocol_table(measured))
     print(f"wrote {portable_path(out)} and {portable_path(out.with_suffix('.md'))}")
     return 0
 

@@ -77,14 +77,32 @@ def test_a_row_needing_another_htfllib_commit_fails_in_one_line_before_any_work(
     assert "no system/main.py" in capsys.readouterr().err
 
 
-def test_the_protocol_table_sets_each_method_under_both_protocols_beside_htfllib():
-    def results(ours: list[float], theirs: list[float]) -> dict:
+def test_the_protocol_table_sets_each_method_under_each_protocol_beside_htfllib():
+    def results(ours: list[float], theirs: list[float], extra: bool = False) -> dict:
         row = {"ours": {"best_acc": ours}, "htfllib": {"best_acc": theirs, "errors": []}}
-        return {"methods": {"FedGH": row}}
+        return {"methods": {"FedGH": row, **({"FML": row} if extra else {})}}
 
-    matched = results([47.0, 48.0, 49.0], [45.0, 45.5, 46.0])
-    own = results([54.0, 55.0, 56.0], [45.0, 45.5, 46.0])
-    own["methods"]["Only ours"] = own["methods"]["FedGH"]  # left out: not in both
-    lines = sbs.protocol_table(matched, own).splitlines()
-    assert len(lines) == 3
-    assert lines[2].startswith("| FedGH | 55.00 ± 1.00 | 48.00 ± 1.00 | -7.00 | 45.50 ± 0.50 |")
+    by_protocol = {
+        "fedtsp": results([54.0, 55.0, 56.0], [45.0, 45.5, 46.0]),
+        "htfllib": results([47.0, 48.0, 49.0], [45.0, 45.5, 46.0], extra=True),
+    }
+    lines = sbs.protocol_table(by_protocol).splitlines()
+    assert lines[0] == "| method | fedtsp, htfllib protocol | fedtsp, fedtsp protocol | HtFLlib |"
+    assert lines[2] == "| FedGH | 48.00 ± 1.00 | 55.00 ± 1.00 | 45.50 ± 0.50 |"
+    assert lines[3] == "| FML | 48.00 ± 1.00 | - | 45.50 ± 0.50 |"  # not run under fedtsp's
+
+
+def test_the_committed_protocol_table_is_regenerated_from_the_committed_json():
+    measured = {
+        name: json.loads(sbs.results_file(RESULTS, name).read_text())
+        for name in sbs.PROTOCOLS
+        if sbs.results_file(RESULTS, name).exists()
+    }
+    assert {"htfllib", "fedtsp"} <= set(measured)
+    for name, results in measured.items():
+        for field, value in sbs.PROTOCOLS[name].items():
+            # A run made before a field existed ran at its default, which is fedtsp's.
+            default = sbs.PROTOCOLS["fedtsp"][field]
+            assert results["setting"].get(field, default) == value, (name, field)
+    expected = sbs.protocol_table(measured)
+    assert (RESULTS / "htfllib_side_by_side_protocols.md").read_text() == expected
