@@ -7,11 +7,17 @@ import pandas as pd
 
 
 def mean_pm_std(mean: float, std: float, n: int, decimals: int = 2) -> str:
-    """ "mean ± std" over n seeds; one seed has no spread to show, so it reads "mean (n = 1)"."""
+    """ "mean ± std" over n seeds, never a bare "± 0.00": one seed has no spread to show
+    ("mean (n = 1)"), identical seeds say so ("mean (n = 3, all equal)"), and a spread
+    too small for the decimals reads "± <0.01"."""
     if pd.isna(mean):
         return "-"
     if n == 1:
         return f"{mean:.{decimals}f} (n = 1)"
+    if std == 0:
+        return f"{mean:.{decimals}f} (n = {n}, all equal)"
+    if round(std, decimals) == 0:
+        return f"{mean:.{decimals}f} ± <{10**-decimals:.{decimals}f}"
     return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 

@@ -115,13 +115,13 @@ def test_mean_std_best_mask_and_text_formats():
     )
     text, means = mean_std(frame, "method", "dataset", "acc")
     assert text.loc["A", "x"] == "81.00 ± 1.00"
-    assert text.loc["B", "x"] == "85.00 ± 0.00"
+    assert text.loc["B", "x"] == "85.00 (n = 2, all equal)"
     bold = best_mask(means)
     assert bold.loc["B", "x"] and not bold.loc["A", "x"]
     md = to_markdown(text.reset_index(), bold.reset_index().assign(method=False))
-    assert "| B | **85.00 ± 0.00** |" in md
+    assert "| B | **85.00 (n = 2, all equal)** |" in md
     tex = to_latex(text.reset_index(), bold.reset_index().assign(method=False), "cap 5%")
-    assert r"\textbf{85.00 $\pm$ 0.00}" in tex and r"\caption{cap 5\%}" in tex
+    assert r"\textbf{85.00 (n = 2, all equal)}" in tex and r"\caption{cap 5\%}" in tex
 
 
 def test_one_seed_shows_n_1_not_a_zero_spread():
@@ -131,6 +131,11 @@ def test_one_seed_shows_n_1_not_a_zero_spread():
     assert text.loc["B", "x"] == "85.00 ± 1.00"
     assert mean_std(frame, "method", "dataset", "acc", decimals=3)[0].loc["A", "x"] == (
         "80.000 (n = 1)"
+    )
+    tiny = pd.DataFrame({"method": ["C", "C"], "dataset": ["x"] * 2, "acc": [1.0, 1.002]})
+    assert mean_std(tiny, "method", "dataset", "acc")[0].loc["C", "x"] == "1.00 ± <0.01"
+    assert mean_std(tiny, "method", "dataset", "acc", decimals=3)[0].loc["C", "x"] == (
+        "1.001 ± 0.001"
     )
 
 
