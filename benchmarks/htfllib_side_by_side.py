@@ -325,11 +325,8 @@ def protocol_table(by_protocol: dict[str, dict[str, Any]]) -> str:
 
 
 def _pm(values: list[float]) -> str:
-    """The project's "mean ± std" cell; repeats that all agree (a deterministic HtFLlib run
-    repeated) say so instead of showing a spread of 0.00."""
+    """The project's "mean ± std" cell for a list of per-seed values."""
     mean, std = summarise(values)
-    if len(values) > 1 and max(values) == min(values):
-        return f"{mean:.2f} (n = {len(values)}, all equal)"
     return mean_pm_std(mean, std, len(values))
 
 

@@ -123,24 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
     group.add_argument("--lr", type=float, default=defaults.lr)
     group.add_argument("--seed", type=int, default=defaults.seed)
-    group.add_argument(
-        "--batch-order",
-        default=defaults.batch_order,
-        choices=BATCH_ORDERS,
-        help="shuffled (every epoch) or fixed (the stored order, as HtFLlib)",
-    )
-    group.add_argument(
-        "--client-init",
-        default=defaults.client_init,
-        choices=CLIENT_INITS,
-        help="independent client weights, or shared: one architecture, one start (as HtFLlib)",
-    )
-    group.add_argument(
-        "--undersized-clients",
-        default=defaults.undersized_clients,
-        choices=UNDERSIZED_CLIENTS,
-        help="clients smaller than one batch: train on it, or skip (as HtFLlib's drop_last)",
-    )
+    # The protocol fields HtFLlib sets otherwise (the README's defaults table).
+    for field, choices, text in (
+        ("batch_order", BATCH_ORDERS, "shuffled (every epoch) or fixed (the stored order)"),
+        ("client_init", CLIENT_INITS, "independent weights, or shared: one per architecture"),
+        ("undersized_clients", UNDERSIZED_CLIENTS, "clients smaller than one batch: train, skip"),
+    ):
+        flag = "--" + field.replace("_", "-")
+        group.add_argument(flag, default=getattr(defaults, field), choices=choices, help=text)
     group.add_argument(
         "--feature-dim",
         type=int,

@@ -198,8 +198,9 @@ class Client:
         if source == "pass":
             return self.class_prototypes()
         if _TRAIN_SUMS not in self.state:
-            zeros = torch.zeros(self.num_classes, width or self.model.feature_dim)
-            return zeros.to(self.device), torch.zeros_like(self.class_counts())
+            width = width or self.model.feature_dim
+            zeros = torch.zeros(self.num_classes, width, device=self.device)
+            return zeros, torch.zeros_like(self.class_counts())
         sums, seen = self.state.pop(_TRAIN_SUMS)
         return sums / seen.clamp(min=1).unsqueeze(1), seen.round().long()
 

@@ -68,6 +68,14 @@ def seed_client_model(config: RunConfig) -> None:
         torch.manual_seed(config.seed)
 
 
+def client_batching(config: RunConfig) -> dict[str, bool]:
+    """The `Client` fields that follow RunConfig.batch_order and undersized_clients."""
+    return {
+        "shuffle": config.batch_order == "shuffled",
+        "train_undersized": config.undersized_clients == "train",
+    }
+
+
 def message_nbytes(message: Message) -> int:
     return sum(t.numel() * t.element_size() for t in message.values() if torch.is_tensor(t))
 
@@ -165,8 +173,7 @@ def prepare(
                 test_y,
                 dataset.num_classes,
                 autocast=autocast,
-                shuffle=config.batch_order == "shuffled",
-                train_undersized=config.undersized_clients == "train",
+                **client_batching(config),
             )
         )
 

@@ -411,7 +411,7 @@ class NodeRuntime:
 
     @classmethod
     def build(cls, run: dict[str, Any], index: int, data_file: str | Path, blob: bytes) -> Any:
-        from fedtsp.simulation import _autocast_factory
+        from fedtsp.simulation import _autocast_factory, client_batching
 
         cfg = RunConfig.from_dict(run["config"])
         path = Path(data_file)
@@ -437,8 +437,7 @@ class NodeRuntime:
             test_y,
             len(run["dataset"]["classes"]),
             autocast=_autocast_factory(cfg),
-            shuffle=cfg.batch_order == "shuffled",
-            train_undersized=cfg.undersized_clients == "train",
+            **client_batching(cfg),
         )
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         algorithm = get_algorithm(cfg.algorithm)(options, _run_context(run, cfg))
