@@ -16,9 +16,19 @@ from fedtsp.simulation import message_nbytes, prepare, run_experiment
 METHODS = ["fml", "fedkd", "fedmrl"]
 # The papers' variants (the defaults are the authors' fork: see test_fork_defaults_*).
 PAPER = {
-    "fml": {"kl_reduction": "batchmean", "weighting": "samples", "grad_clip": None},
+    "fml": {
+        "kl_reduction": "batchmean",
+        "weighting": "samples",
+        "grad_clip": None,
+        "detach_partner": True,
+    },
     "fedkd": {"compress": True, "kl_reduction": "batchmean", "weighting": "samples"},
-    "fedmrl": {"weighting": "samples", "projector": "kept", "test_batch_stats": False},
+    "fedmrl": {
+        "weighting": "samples",
+        "projector": "kept",
+        "test_batch_stats": False,
+        "projector_init": "independent",
+    },
 }
 
 
@@ -82,6 +92,53 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
         assert _states_equal(got, shared_weights(clients[0].state["shared"]))
         for k in expected:
             torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-7)
+
+
+def _grads(*modules: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.grad.clone() for m in modules for p in m.parameters()]
+
+
+@pytest.mark.parametrize("detach_partner", [False, True])
+def test_fml_gradients_follow_the_forks_two_backward_passes(tiny_data, detach_partner):
+    """Default: the fork's ``loss.backward(retain_graph=True); loss_g.backward()``, where each
+    KL term also moves the model that supplies its target. Detached: each model gets the
+    gradient of its own loss only (the paper's deep mutual learning)."""
+    options = {"detach_partner": detach_partner}
+    run = prepare(tiny_config(algorithm="fml", algo_options=options), dataset=tiny_data)
+    client = run.clients[0]
+    personal, meme = client.model, client.state["shared"]
+    x, y = client.train_x[:20], client.train_y[:20]
+    client.optimizer.zero_grad()
+    run.algorithm.train_loss(client, x, y).backward()
+    got = _grads(personal, meme)
+
+    # Written out as in the fork: nn.KLDivLoss() (element-wise mean), input log-probs,
+    # target probs; its own loss per model, each back-propagated through the whole graph.
+    kl = torch.nn.KLDivLoss(reduction="sum")
+
+    def fork_kl(student, teacher):
+        return kl(F.log_softmax(student, 1), F.softmax(teacher, 1)) / student.numel()
+
+    client.optimizer.zero_grad()
+    out, out_g = personal(x), meme(x)
+    target, target_g = (out_g.detach(), out.detach()) if detach_partner else (out_g, out)
+    loss = 0.5 * F.cross_entropy(out, y) + 0.5 * fork_kl(out, target)
+    loss_g = 0.5 * F.cross_entropy(out_g, y) + 0.5 * fork_kl(out_g, target_g)
+    loss.backward(retain_graph=True)
+    loss_g.backward()
+    want = _grads(personal, meme)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-7)
+
+    # The two forms differ: only the loss of the meme model reaches the meme model when the
+    # targets are detached.
+    client.optimizer.zero_grad()
+    loss_g = 0.5 * F.cross_entropy(meme(x), y) + 0.5 * fork_kl(meme(x), personal(x).detach())
+    loss_g.backward()
+    own = _grads(meme)
+    meme_got = got[len(list(personal.parameters())) :]
+    gap = max(float((g - o).abs().max()) for g, o in zip(meme_got, own, strict=True))
+    assert (gap < 1e-6) if detach_partner else (gap > 1e-5)
 
 
 # ---- FedKD --------------------------------------------------------------------------------
@@ -248,6 +305,22 @@ def test_fork_kl_reduction_divides_the_per_sample_kl_by_the_classes():
     torch.testing.assert_close(distill_kl(student, teacher, reduction="mean"), per_sample / 10)
 
 
+@pytest.mark.parametrize("init", ["shared", "independent"])
+def test_fedmrl_projectors_start_from_one_draw_or_one_each(tiny_data, init):
+    config = tiny_config(algorithm="fedmrl", rounds=1, algo_options={"projector_init": init})
+    run = prepare(config, dataset=tiny_data)
+    starts = [c.state["proj"].state_dict() for c in run.clients]
+    same = [_states_equal(starts[0], s) for s in starts[1:]]
+    assert same == [init == "shared"] * 3
+    assert run.clients[0].state["proj"] is not run.clients[1].state["proj"]  # each its own
+    again = prepare(config, dataset=tiny_data).clients[0].state["proj"].state_dict()
+    assert _states_equal(again, starts[0])  # seeded: the same start on every prepare
+    _one_round(run)  # trained apart, then reset to the start (projector="reset")
+    assert all(_states_equal(c.state["proj"].state_dict(), starts[0]) for c in run.clients) == (
+        init == "shared"
+    )
+
+
 def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(tiny_data):
     run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
@@ -270,6 +343,7 @@ def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(t
         ("fedkd", {"energy_start": 0.0}, r"energy_start=0.0 is invalid; must be in \(0, 1\]"),
         ("fedkd", {"mentee_lr": -1}, "mentee_lr=-1.0 is invalid"),
         ("fedmrl", {"sub_dim": 0}, "sub_dim=0 is invalid"),
+        ("fedmrl", {"projector_init": "zeros"}, "projector_init='zeros' is invalid"),
         ("fedmrl", {"shared_arch": "vgg"}, "shared_arch='vgg' is invalid"),
     ],
 )

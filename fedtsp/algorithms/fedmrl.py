@@ -11,9 +11,9 @@ extractor and personal head stay on the client.
 
 Evaluation, precisely: ``personal_head(projector(concat(shared_features(x),
 personal_features(x))))``, the fine path through the personal head, as in the authors' code;
-the shared head's output is not used. The shared extractor is the family's first architecture (see ``shared_model``)
-whose flattened output is average-pooled to ``sub_dim`` entries (the authors' code builds it the
-same way, ``BaseHeadSplit(args, 0, sub_feature_dim)``).
+the shared head's output is not used. The shared extractor is the family's first architecture
+(see ``shared_model``) whose flattened output is average-pooled to ``sub_dim`` entries (the
+authors' code builds it the same way, ``BaseHeadSplit(args, 0, sub_feature_dim)``).
 
 Defaults are those of the runs behind the paper's Table 1 (the FedTSP authors' fork of
 HtFLlib with their script's sub-feature dim 128): the shared models are averaged uniformly
@@ -22,12 +22,16 @@ clipped at 10 before every step (``grad_clip``; none: the paper); the trained pr
 never saved, so every round, evaluation included, starts from the client's initial random
 projector (``projector="reset"``; ``"kept"``: the paper's method); and the shared model is
 never switched to evaluation mode, so its batch norm uses test-batch statistics at test time
-(``test_batch_stats``). Floating-point buffers (BatchNorm statistics) are averaged with the
-shared parameters; the fork averages parameters only. The projectors are initialised
-independently per client (the fork seeds every client's projector identically).
+(``test_batch_stats``). Every client's projector starts from one seeded draw
+(``projector_init="shared"``: the fork reseeds torch before each client's projector;
+``"independent"``: a draw per client), so the shared head, averaged over clients, reads the
+coarse entries through one projection at the start of every round. Floating-point buffers
+(BatchNorm statistics) are averaged with the shared parameters; the fork averages parameters
+only.
 
 Revision 1 (run keys): the defaults were ``weighting="samples"``, no clipping, the projector
-kept and the shared model in evaluation mode at test time.
+kept and the shared model in evaluation mode at test time. Revision 2: the projectors started
+independently (``projector_init="independent"``).
 
 No ``global_prototypes`` artifact: the only global component is an extractor whose output is
 fused with personal features by a personal projector before any classifier sees it, so there is
@@ -61,6 +65,7 @@ from fedtsp.algorithms.shared_model import (
 from fedtsp.clients import Client
 
 PROJECTORS = ("reset", "kept")
+PROJECTOR_INITS = ("shared", "independent")
 
 
 @dataclass
@@ -81,6 +86,9 @@ class FedMRLOptions:
     test_batch_stats: bool = option(
         True, "shared model's batch norm on test-batch statistics (authors' code); false: eval"
     )
+    projector_init: str = option(
+        "shared", "projectors from one draw (shared, authors' code) or a draw each (independent)"
+    )
 
     def validate(self) -> None:
         if isinstance(self.sub_dim, bool) or not isinstance(self.sub_dim, int) or self.sub_dim < 1:
@@ -92,13 +100,18 @@ class FedMRLOptions:
             raise ValueError(
                 f"projector={self.projector!r} is invalid; choose one of {', '.join(PROJECTORS)}"
             )
+        if self.projector_init not in PROJECTOR_INITS:
+            raise ValueError(
+                f"projector_init={self.projector_init!r} is invalid; choose one of "
+                f"{', '.join(PROJECTOR_INITS)}"
+            )
 
 
 @register
 class FedMRL(Algorithm):
     name = "fedmrl"
     Options = FedMRLOptions
-    revision = 1
+    revision = 2
 
     def setup(self, clients: list[Client]) -> Message | None:
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
@@ -110,11 +123,15 @@ class FedMRL(Algorithm):
         arch = resolve_shared_arch(self.opts.shared_arch, clients)
         template = attach_shared_models(clients, self.ctx, arch, feature_dim=sub)
         self.keys = list(shared_weights(template))
+        independent = self.opts.projector_init == "independent"
         with seeded(self.ctx, tag=0x9207):
+            proj = None
             for client in clients:
-                client.state["proj"] = nn.Linear(sub + d, d).to(self.ctx.device)
+                if proj is None or independent:
+                    proj = nn.Linear(sub + d, d).to(self.ctx.device)
+                client.state["proj"] = copy.deepcopy(proj)
                 if self.opts.projector == "reset":
-                    client.state["proj_init"] = copy.deepcopy(client.state["proj"].state_dict())
+                    client.state["proj_init"] = copy.deepcopy(proj.state_dict())
         return None  # every shared copy starts identical; nothing to send
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:

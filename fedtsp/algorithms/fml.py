@@ -3,9 +3,8 @@
 Every client trains its personal model and its copy of a small shared "meme" model together
 by deep mutual learning: personal loss ``alpha * CE + (1 - alpha) * KL(p_meme || p_personal)``,
 meme loss ``beta * CE + (1 - beta) * KL(p_personal || p_meme)`` (options ``personal_alpha``,
-``meme_beta``), each model distilling from the other's detached prediction. Only the meme model is uploaded; the server averages it
-(FedAvg) and broadcasts the average, which every client loads in place; evaluation uses the
-personal model.
+``meme_beta``). Only the meme model is uploaded; the server averages it (FedAvg) and
+broadcasts the average, which every client loads in place; evaluation uses the personal model.
 
 Defaults are those of the runs behind the paper's Table 1 (the FedTSP authors' fork of
 HtFLlib with their script's alpha = beta = 0.5): the meme models are averaged uniformly
@@ -13,13 +12,16 @@ HtFLlib with their script's alpha = beta = 0.5): the meme models are averaged un
 ``nn.KLDivLoss()``'s element-wise mean, i.e. the KL per sample divided by the number of
 classes (``kl_reduction="mean"``; the per-sample KL is ``"batchmean"``); each model's gradient
 norm is clipped at 10 before every step (``grad_clip``; none: the paper, which does not
-clip). The shared model is the family's first architecture, as in the fork (see
-``shared_model``). Floating-point buffers (BatchNorm statistics) of the meme model are
-averaged with its parameters; the fork averages parameters only, which changes no result:
-the meme model runs only in training mode, on batch statistics.
+clip); and each KL term's gradient also flows into the model whose prediction is its target
+(``detach_partner=False``: the fork back-propagates both losses through both models; true:
+each model learns from the other's prediction as a fixed target, as the paper's deep mutual
+learning updates each model on its own loss). The shared model is the family's first
+architecture, as in the fork (see ``shared_model``). Floating-point buffers (BatchNorm
+statistics) of the meme model are averaged with its parameters; the fork averages parameters
+only, which changes no result: the meme model runs only in training mode, on batch statistics.
 
 Revision 1 (run keys): the defaults were ``weighting="samples"``, ``kl_reduction="batchmean"``
-and no clipping.
+and no clipping. Revision 2 (run keys): the targets were detached (``detach_partner=True``).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class FMLOptions:
     shared_arch: str = option(
         "first", "shared model: first (the family's first architecture, authors' code) or a name"
     )
+    detach_partner: bool = option(
+        False, "KL target a fixed prediction (true, paper) or trained too (false, authors' code)"
+    )
 
     def validate(self) -> None:
         for name in ("personal_alpha", "meme_beta"):
@@ -88,7 +93,7 @@ class FMLOptions:
 class FML(Algorithm):
     name = "fml"
     Options = FMLOptions
-    revision = 1
+    revision = 2
 
     def setup(self, clients: list[Client]) -> Message | None:
         self.clients = clients  # for the analysis artifact only
@@ -108,10 +113,13 @@ class FML(Algorithm):
         set_training(meme, True)
         personal_logits = client.model(x)
         meme_logits = meme(x)
-        # Each model learns from the other's prediction as a fixed target, so one backward
-        # pass through the sum updates both models exactly as two separate losses would.
-        kl_personal = distill_kl(personal_logits, meme_logits.detach(), t, red)
-        kl_meme = distill_kl(meme_logits, personal_logits.detach(), t, red)
+        # One backward pass through the sum gives each model the gradient of both losses, as
+        # the fork's two backward calls do; detached targets give each only its own loss's.
+        meme_target, personal_target = meme_logits, personal_logits
+        if o.detach_partner:
+            meme_target, personal_target = meme_logits.detach(), personal_logits.detach()
+        kl_personal = distill_kl(personal_logits, meme_target, t, red)
+        kl_meme = distill_kl(meme_logits, personal_target, t, red)
         personal = a * F.cross_entropy(personal_logits, y) + (1 - a) * kl_personal
         shared = b * F.cross_entropy(meme_logits, y) + (1 - b) * kl_meme
         return personal + shared
