@@ -204,6 +204,8 @@ def run_ours(config: RunConfig, dataset: Any, store: Path) -> dict[str, Any]:
         "accs": [round(100 * row["acc"], 2) for row in record["history"]],
         "s_per_round": statistics.fmean(trained[1:] or trained),  # like HtFLlib: not the first
         "key": record["key"],
+        "commit": (record["git_commit"] or "unknown")[:7]
+        + ("+dirty" if record["git_dirty"] else ""),
         "record": record,
     }
 
@@ -304,7 +306,15 @@ def table(results: dict[str, Any]) -> str:
             f"clients, {first['test_samples']} of {first['all_test_samples']} test samples; "
             f"they make at most {most:.2f} points of our best accuracy, in {where})"
         )
-    return "\n".join(rows + ["", "Known departures (ours -> HtFLlib):", *notes]) + "\n"
+    lines = rows + ["", "Known departures (ours -> HtFLlib):", *notes]
+    by_code: dict[str, list[str]] = {}  # a stored run keeps the code it ran at
+    for label, res in results["methods"].items():
+        for commit in dict.fromkeys(res["ours"].get("commits", [])):
+            by_code.setdefault(commit, []).append(label)
+    if by_code:
+        runs = "; ".join(f"{commit} ({', '.join(labels)})" for commit, labels in by_code.items())
+        lines += ["", f"fedtsp code of our runs: {runs}."]
+    return "\n".join(lines) + "\n"
 
 
 def protocol_table(by_protocol: dict[str, dict[str, Any]]) -> str:
@@ -421,7 +431,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     for label in args.methods:
         algorithm, options, method_args = METHODS[label]
-        ours: dict[str, list] = {"best_acc": [], "s_per_round": [], "keys": [], "undersized": []}
+        ours: dict[str, list] = {
+            "best_acc": [],
+            "s_per_round": [],
+            "keys": [],
+            "commits": [],  # fedtsp code of each run (a stored run keeps the code it ran)
+            "undersized": [],
+        }
         theirs: dict[str, list] = {"best_acc": [], "s_per_round": [], "errors": []}
         for seed in args.seeds:
             start = time.perf_counter()
@@ -432,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             ours["s_per_round"].append(mine["s_per_round"])
             ours["undersized"].append(mine["undersized"])
             ours["keys"].append(mine["key"])
+            ours["commits"].append(mine["commit"])
             root = trees[HTFLLIB_AT[label]] if label in HTFLLIB_AT else Path(args.htfllib)
             log = work / "logs" / f"{label.replace(', ', '-').replace(' ', '-')}-seed{seed}.log"
             other = run_htfllib(args, root, name, method_args, seed, log)

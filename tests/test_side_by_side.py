@@ -106,3 +106,24 @@ def test_the_committed_protocol_table_is_regenerated_from_the_committed_json():
             assert results["setting"].get(field, default) == value, (name, field)
     expected = sbs.protocol_table(measured)
     assert (RESULTS / "htfllib_side_by_side_protocols.md").read_text() == expected
+
+
+def test_the_table_names_the_fedtsp_code_of_each_row_once():
+    def row(commits: list[str]) -> dict:
+        ours = {"best_acc": [50.0, 51.0], "s_per_round": 1.0, "commits": commits}
+        theirs = {"best_acc": [50.0, 50.5], "s_per_round": 2.0, "errors": []}
+        return {"ours": ours, "htfllib": theirs, "difference": 0.25, "tolerance": 1.5}
+
+    results = {
+        "setting": {"num_clients": 20, "undersized_clients": "skip"},
+        "departures": {},
+        "methods": {
+            "Local": row(["f7854ea", "f7854ea"]),
+            "FML": row(["3bd5026", "3bd5026"]),
+            "FedGH": row(["f7854ea", "f7854ea"]),
+        },
+    }
+    for res in results["methods"].values():
+        res["within"] = True
+    last = sbs.table(results).splitlines()[-1]
+    assert last == "fedtsp code of our runs: f7854ea (Local, FedGH); 3bd5026 (FML)."
