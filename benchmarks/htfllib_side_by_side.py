@@ -312,7 +312,7 @@ def table(results: dict[str, Any]) -> str:
         for commit in dict.fromkeys(res["ours"].get("commits", [])):
             by_code.setdefault(commit, []).append(label)
     if by_code:
-        runs = "; ".join(f"{commit} ({', '.join(labels)})" for commit, labels in by_code.items())
+        runs = "; ".join(f"{commit} for {' / '.join(labels)}" for commit, labels in by_code.items())
         lines += ["", f"fedtsp code of our runs: {runs}."]
     return "\n".join(lines) + "\n"
 

@@ -126,4 +126,4 @@ def test_the_table_names_the_fedtsp_code_of_each_row_once():
     for res in results["methods"].values():
         res["within"] = True
     last = sbs.table(results).splitlines()[-1]
-    assert last == "fedtsp code of our runs: f7854ea (Local, FedGH); 3bd5026 (FML)."
+    assert last == "fedtsp code of our runs: f7854ea for Local / FedGH; 3bd5026 for FML."

@@ -1,0 +1,63 @@
+"""The code-metrics script: what counts as a code line, a round loop, a function-level import
+and a repeated block (HtFLlib is not read here)."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import textwrap
+
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location(
+    "code_metrics", REPO / "benchmarks" / "code_metrics.py"
+)
+cm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(cm)
+
+SOURCE = textwrap.dedent(
+    '''\
+    """Module docstring,
+    two lines."""
+    from typing import TYPE_CHECKING
+
+    if TYPE_CHECKING:
+        import numpy
+
+    # a comment
+
+
+    def run(cfg):
+        """A function docstring."""
+        import torch  # counted: inside a function
+
+        total = (1 +
+                 2)
+        for t in range(cfg.rounds + 1):
+            total += t
+        for i in range(3):
+            total += i
+        return total
+    '''
+)
+
+
+def test_code_lines_leave_out_blank_comment_and_docstring_lines():
+    # 3 import, 5-6 if/import, 11 def, 13 import, 15-16 one statement, 17-20 loops, 21 return
+    assert cm.code_line_numbers(SOURCE) == [3, 5, 6, 11, 13, 15, 16, 17, 18, 19, 20, 21]
+
+
+def test_round_loops_and_function_imports_are_found_where_they_are():
+    tree = ast.parse(SOURCE)
+    assert cm.round_loops(tree) == [17]  # range(3) is no round loop
+    assert cm.function_imports(tree) == [(13, "torch")]  # the TYPE_CHECKING import is not
+
+
+def test_a_repeated_run_is_counted_once_at_its_full_length():
+    block = "\n".join(f"x{i} = f({i})" for i in range(8))
+    a = f"def one():\n{textwrap.indent(block, '    ')}\n    return 1\n"
+    b = f"y = 0\n{block}\nz = 2\n"
+    short = "\n".join(f"x{i} = f({i})" for i in range(5))  # 5 lines: below the minimum
+    blocks = cm.repeated_blocks({"a.py": a, "b.py": b, "c.py": short})
+    assert blocks == [{"lines": 8, "a": "a.py:2-9", "b": "b.py:2-9"}]
+    assert cm.repeated_blocks({"a.py": a}) == []
