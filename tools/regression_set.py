@@ -1,0 +1,181 @@
+"""A regression set for engine refactors: every method's histories, to compare bit for bit.
+
+    python tools/regression_set.py record [--out tools/regression_set.json]
+    python tools/regression_set.py check  [--out tools/regression_set.json] [--only NAME ...]
+
+``record`` runs every registered algorithm in each setting it is defined for, on real
+CIFAR-10 at a tiny scale (4 clients, 2 % of the images, 2 rounds, seeds 0 and 1), a few of
+them a second time interrupted after round 1 and resumed, and every FMCL benchmark method on
+a small population; it writes each run's history and summary, without the timings. ``check``
+reruns the same list and names every run whose history differs in any value. Exact equality
+holds on one machine with one thread; a change that alters results on purpose says which
+runs and why, then records the set again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedtsp.algorithms import ALGORITHMS
+from fedtsp.config import RunConfig
+from fedtsp.data import load_dataset
+from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
+from fedtsp.fmcl.benchmark import run_benchmark
+from fedtsp.paths import REPO_ROOT
+from fedtsp.results import code_version
+from fedtsp.simulation import run_experiment
+
+DEFAULT_OUT = REPO_ROOT / "tools" / "regression_set.json"
+SEEDS = (0, 1)
+RESUMED = ("fedproto", "fedtsp", "fml", "fedgen", "fedkd")  # server state of each kind
+FAMILIES = {"htfl": "htfe-cpu", "gfl": "homo-cpu", "pfl": "homo-cpu"}
+# Values that measure time, not the computation.
+UNTIMED = {"timings", "wall", "wall_seconds", "cluster_seconds", "train_seconds"}
+
+
+def base_config() -> RunConfig:
+    return RunConfig(
+        dataset="cifar10",
+        num_clients=4,
+        fraction=0.02,
+        rounds=2,
+        local_epochs=1,
+        batch_size=20,
+        feature_dim=None,
+        global_eval_every=1,
+    )
+
+
+def federated_runs() -> list[tuple[str, RunConfig, bool]]:
+    """(name, config, resumed) for every algorithm, setting and seed of the set."""
+    runs = []
+    for name, method in sorted(ALGORITHMS.items()):
+        for setting in method.settings:
+            for seed in SEEDS:
+                config = base_config().replace(
+                    algorithm=name, setting=setting, family=FAMILIES[setting], seed=seed
+                )
+                label = f"{name}/{setting}/seed{seed}"
+                runs.append((label, config, False))
+                if name in RESUMED and setting == "htfl" and seed == 0:
+                    runs.append((label + "/resumed", config, True))
+    return runs
+
+
+def _untimed(value: Any) -> Any:
+    """`value` without its timings, as JSON would give it back (so equality is exact)."""
+
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if k not in UNTIMED}
+        if isinstance(v, list | tuple):
+            return [strip(x) for x in v]
+        return v
+
+    return json.loads(json.dumps(strip(value), default=float))
+
+
+def run_federated(config: RunConfig, resumed: bool, store: Path, dataset: Any) -> dict:
+    if resumed:  # interrupted after round 1, then resumed from its checkpoint
+        run_experiment(config, dataset=dataset, out=store, progress=False, stop_after=1)
+        record = run_experiment(config, dataset=dataset, out=store, progress=False, resume=True)
+    else:
+        record = run_experiment(config, dataset=dataset, out=store, progress=False, force=True)
+    return {"history": _untimed(record["history"]), "summary": _untimed(record["summary"])}
+
+
+def run_fmcl(store: Path, datasets: dict[str, Any]) -> dict[str, dict]:
+    frame = run_benchmark(
+        "label-groups",
+        methods=FMCL_METHODS,
+        seeds=SEEDS,
+        num_clients=8,
+        fraction=0.02,
+        rounds=2,
+        out=store,
+        cache_dir=store / "embeddings",
+        datasets=datasets,
+        progress=False,
+        force=True,
+    )
+    out = {}
+    for record_file in sorted(store.glob("*.json")):
+        record = json.loads(record_file.read_text())
+        if record.get("kind") == "fmcl" or "population" in record:
+            label = f"fmcl:{record['method']}/seed{record['seed']}"
+            out[label] = {
+                "history": _untimed(record["history"]),
+                "summary": _untimed(record["summary"]),
+                "assignment": _untimed(record["assignment"]),
+            }
+    assert len(out) == len(frame), f"{len(frame)} FMCL runs but {len(out)} records"
+    return out
+
+
+def regression_set(only: list[str] | None = None) -> dict[str, dict]:
+    torch.set_num_threads(1)
+    dataset = load_dataset("cifar10", None)
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, config, resumed in federated_runs():
+            if only and not any(label.startswith(o) for o in only):
+                continue
+            store = Path(tmp) / label.replace("/", "_")
+            results[label] = run_federated(config, resumed, store, dataset)
+            print(f"{label}: best acc {results[label]['summary'].get('best_acc')}", flush=True)
+        if not only or any(o.startswith("fmcl") for o in only):
+            results.update(run_fmcl(Path(tmp) / "fmcl", {"cifar10": dataset}))
+    return results
+
+
+def differences(
+    expected: dict[str, dict], actual: dict[str, dict], partial: bool = False
+) -> list[str]:
+    out = [] if partial else [f"{k}: recorded but not run" for k in expected if k not in actual]
+    for label, run in actual.items():
+        if label not in expected:
+            out.append(f"{label}: not in the recorded set")
+        elif run != expected[label]:
+            rows = [
+                i
+                for i, (a, b) in enumerate(
+                    zip(run["history"], expected[label]["history"], strict=False)
+                )
+                if a != b
+            ]
+            out.append(f"{label}: differs (history rows {rows or 'equal; summary or length'})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=("record", "check"))
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    parser.add_argument("--only", nargs="+", help="run labels (prefixes) to run, for check")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.command == "record":
+        if args.only:
+            parser.error("record writes the whole set; --only is for check")
+        runs = regression_set()
+        payload = {"code_version": code_version(), "runs": runs}
+        out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
+        print(f"recorded {len(runs)} runs")
+        return 0
+    if not out.exists():
+        parser.error(f"--out {out}: no recorded set there; run `record` first")
+    expected = json.loads(out.read_text())["runs"]
+    found = differences(expected, regression_set(args.only), partial=bool(args.only))
+    print("\n".join(found) if found else "every run is identical to the recorded set")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
