@@ -127,7 +127,7 @@ SERVER_CASES = {"fedtgp": {}, "fedtsp": {"prompts": "long", "server_epochs": 1}}
 def bench_server(algorithms: list[str], clients: int, steps: int) -> None:
     from fedtsp.algorithms import get_algorithm, resolve_options
     from fedtsp.algorithms.base import RunContext
-    from fedtsp.data.datasets import dataset_info
+    from fedtsp.data.registry import dataset_info
 
     classes = list(dataset_info("cifar100").classes)
     print(

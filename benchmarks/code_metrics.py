@@ -2,13 +2,14 @@
 function-level imports, the largest modules.
 
     python benchmarks/code_metrics.py [--htfllib <HtFLlib checkout>] [--out benchmarks/results]
+        [--stem code_metrics]
 
 Code lines are the lines that hold code: blank lines, comment lines and docstrings do not
 count. A method's HtFLlib size is its client file plus its server file
 (``system/flcore/{clients,servers}/``); without ``--htfllib`` that column stays empty. A round
 loop is a ``for`` over ``range(...)`` whose bounds name the rounds. Repeated blocks are runs
 of six or more code lines that stand in two places identically once indentation is folded
-(import lines left out); a run that repeats a longer one is not counted again. A
+(import statements left out); a run that repeats a longer one is not counted again. A
 function-level import is an import inside a function body, outside ``if TYPE_CHECKING``.
 """
 
@@ -110,10 +111,16 @@ def repeated_blocks(files: dict[str, str], size: int = MIN_REPEAT) -> list[dict[
     lines: dict[str, list[tuple[int, str]]] = {}
     for name, source in files.items():
         text = source.splitlines()
+        imports = {
+            n
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for n in range(node.lineno, node.end_lineno + 1)
+        }
         keep = []
         for n in code_line_numbers(source):
             line = " ".join(text[n - 1].split())
-            if not line.startswith(("import ", "from ")) and len(line) > 1:
+            if n not in imports and len(line) > 1:
                 keep.append((n, line))
         lines[name] = keep
     windows: dict[tuple[str, ...], list[tuple[str, int]]] = defaultdict(list)
@@ -219,15 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--htfllib", help="HtFLlib checkout (holds system/flcore)")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"))
+    parser.add_argument("--htfllib-version", help="its commit, recorded with the numbers")
+    parser.add_argument("--stem", default="code_metrics", help="output file names, .json / .md")
     args = parser.parse_args(argv)
     htfllib = Path(args.htfllib) if args.htfllib else None
     if htfllib is not None and not (htfllib / "system" / "flcore").is_dir():
         parser.error(f"--htfllib {htfllib}: no system/flcore there (an HtFLlib checkout?)")
     metrics = measure(PACKAGE, htfllib)
+    metrics["htfllib"] = args.htfllib_version if htfllib is not None else None
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "code_metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
-    (out / "code_metrics.md").write_text(table(metrics))
+    (out / f"{args.stem}.json").write_text(json.dumps(metrics, indent=1) + "\n")
+    (out / f"{args.stem}.md").write_text(table(metrics))
     print(table(metrics))
     return 0
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fedtsp.config import BATCH_ORDERS, CLIENT_INITS, UNDERSIZED_CLIENTS, RunConfig
-from fedtsp.errors import UserError, debug_requested, one_line
+from fedtsp.environment import debug_requested
+from fedtsp.errors import UserError, one_line
 from fedtsp.paths import portable_path
 
 EXIT_BAD_INPUT = 2
@@ -248,7 +249,9 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in vars(args).items()
         if key.startswith("opt_") and value is not None
     }
-    config = RunConfig(**values, algo_options=options).validate()
+    from fedtsp.runspec import check_run  # imports torch: not at `fedtsp --help` time
+
+    config = check_run(RunConfig(**values, algo_options=options))
     if not options:
         return config
     # Store typed option values so the run's hash does not depend on CLI spelling.

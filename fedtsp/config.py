@@ -1,7 +1,9 @@
 """Run configuration: one validated dataclass that fully determines a federated run.
 
 Everything that changes the result lives here (and therefore in the run's hash); things
-that only say *where* to read or write (data path, output folder) do not.
+that only say *where* to read or write (data path, output folder) do not. A leaf module: it
+checks each value on its own (`RunConfig.validate`); what needs the dataset, model and
+algorithm registries, or the machine, is checked one layer up (`fedtsp.runspec.check_run`).
 """
 
 from __future__ import annotations
@@ -95,35 +97,25 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         return dataclasses.replace(self, **changes)
 
-    def key(self, extra: dict[str, Any] | None = None) -> str:
-        """Stable 16-hex-digit hash of the config (plus e.g. the dataset checksum)."""
+    def key(self, extra: dict[str, Any] | None = None, revision: int = 0) -> str:
+        """Stable 16-hex-digit hash of the config (plus e.g. the dataset checksum).
+
+        ``revision``: the method's key revision (`Algorithm.key_revision`); at 0 it stays out
+        of the hash, so unrevised methods keep their keys.
+        """
         config = {
             k: v
             for k, v in self.to_dict().items()
             if k not in _HASH_NEUTRAL_DEFAULTS or v != _HASH_NEUTRAL_DEFAULTS[k]
         }
-        from fedtsp.algorithms import ALGORITHMS
-
-        method = ALGORITHMS.get(self.algorithm)
-        revision = method.key_revision(self.algo_options) if method is not None else 0
-        if revision:  # at 0 it stays out, so unrevised methods keep their keys
+        if revision:
             config["algorithm_revision"] = revision
         payload = {"config": config, "extra": extra or {}}
         blob = json.dumps(payload, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def validate(self) -> RunConfig:
-        """Check every value that can be checked without loading data; raise ConfigError."""
-        # Imported here so that `fedtsp.config` stays importable without torch-heavy modules.
-        from fedtsp.algorithms import algorithm_names, get_algorithm, resolve_options
-        from fedtsp.data import dataset_names
-        from fedtsp.models.families import homogeneous_family_names, resolve_family
-
-        def bad(name: str, value: Any, allowed: str) -> None:
-            raise ConfigError(f"{name}={value!r} is invalid; {allowed}")
-
-        if self.dataset not in dataset_names():
-            bad("dataset", self.dataset, f"choose one of {', '.join(dataset_names())}")
+        """Check every value on its own (no registry, no data); raise ConfigError."""
         if not self.alpha > 0:
             bad("alpha", self.alpha, "the Dirichlet concentration must be > 0")
         if self.num_clients < 1:
@@ -136,30 +128,8 @@ class RunConfig:
             bad("train_ratio", self.train_ratio, "must be in (0, 1)")
         if self.setting not in SETTINGS:
             bad("setting", self.setting, f"choose one of {', '.join(SETTINGS)}")
-        try:
-            archs = resolve_family(self.family)
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-        if self.setting != "htfl" and len(set(archs)) != 1:
-            bad(
-                "family",
-                self.family,
-                f"setting {self.setting} needs one architecture for every client; choose a "
-                f"homogeneous family such as {', '.join(homogeneous_family_names())}",
-            )
         if self.feature_dim is not None and self.feature_dim < 1:
             bad("feature_dim", self.feature_dim, "must be a positive width or unset")
-        if self.algorithm not in algorithm_names():
-            bad("algorithm", self.algorithm, f"choose one of {', '.join(algorithm_names())}")
-        if self.setting in SETTINGS and self.setting not in get_algorithm(self.algorithm).settings:
-            fits = [a for a in algorithm_names() if self.setting in get_algorithm(a).settings]
-            bad(
-                "algorithm",
-                self.algorithm,
-                f"it runs in setting(s) {', '.join(get_algorithm(self.algorithm).settings)}, "
-                f"not {self.setting}; setting {self.setting} offers {', '.join(fits)}",
-            )
-        resolve_options(self.algorithm, self.algo_options)
         for name in ("rounds", "local_epochs", "batch_size"):
             if getattr(self, name) < 1:
                 bad(name, getattr(self, name), "must be >= 1")
@@ -176,13 +146,13 @@ class RunConfig:
             bad("global_eval_every", self.global_eval_every, "use 0 (never) or a positive period")
         if self.device.split(":")[0] not in DEVICES:
             bad("device", self.device, f"choose one of {', '.join(DEVICES)} (e.g. cuda:1)")
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                bad("device", self.device, "CUDA is not available on this machine; use cpu")
         if self.channels_last is not None and not isinstance(self.channels_last, bool):
             bad("channels_last", self.channels_last, "must be true, false or unset (auto)")
         if self.precision not in PRECISIONS:
             bad("precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
         return self
+
+
+def bad(name: str, value: Any, allowed: str) -> None:
+    """Raise the one-sentence ConfigError naming a field, its value and what is allowed."""
+    raise ConfigError(f"{name}={value!r} is invalid; {allowed}")

@@ -10,16 +10,9 @@ same in a notebook. Anything else that escapes is a bug and keeps its traceback.
 
 from __future__ import annotations
 
-import os
-
 
 class UserError(Exception):
     """Something the user gave cannot be used; the message says what and what is allowed."""
-
-
-def debug_requested() -> bool:
-    """FEDTSP_DEBUG=1 (or any value but 0/empty) asks for full tracebacks of user errors."""
-    return os.environ.get("FEDTSP_DEBUG", "") not in ("", "0")
 
 
 def one_line(exc: BaseException) -> str:

@@ -9,7 +9,6 @@ runs side by side are much faster than one run with two threads).
 from __future__ import annotations
 
 import multiprocessing
-import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from math import nan
@@ -28,9 +27,11 @@ from fedtsp.data import (
     load_dataset,
     synthetic_dataset,
 )
+from fedtsp.environment import data_path
 from fedtsp.paths import REPO_ROOT
 from fedtsp.profiles import method_specs
 from fedtsp.results import RunStore
+from fedtsp.runspec import check_run
 from fedtsp.simulation import run_experiment, run_key
 from fedtsp.system import dataset_hint
 
@@ -46,9 +47,9 @@ def resolve_data(data: str | None) -> str | None:
     None (the cache, then a torchvision download).
     """
     if data in (None, "", "auto"):
-        env = os.environ.get("FEDTSP_DATA")
-        if env:
-            return env
+        env = data_path()
+        if env is not None:
+            return str(env)
         shared = REPO_ROOT.parent / "shared" / "data"
         return str(shared) if shared.is_dir() else None
     return data
@@ -151,7 +152,7 @@ def method_config(
     config = RunConfig.from_dict(
         {**base, **fields, "algorithm": algorithm, "algo_options": options}
     )
-    return config.validate()
+    return check_run(config)
 
 
 def _run_one(config: RunConfig, data: str | None, per_class: int, store: str) -> dict[str, Any]:

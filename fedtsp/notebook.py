@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedtsp.errors import UserError, debug_requested, one_line
+from fedtsp.environment import debug_requested
+from fedtsp.errors import UserError, one_line
 
 
 def _show_user_error(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset=None):

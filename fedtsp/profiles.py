@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtsp.config import ConfigError, RunConfig
+from fedtsp.runspec import check_run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -64,7 +65,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         base = section.pop("base", {})
         # Device availability is checked when a run starts, so that e.g. the GPU profile can
         # be read (and its runs planned) on a CPU machine.
-        RunConfig.from_dict({**base, "device": "cpu"}).validate()
+        check_run(RunConfig.from_dict({**base, "device": "cpu"}))
         profile = Profile(
             name=name,
             about=" ".join(str(section.pop("about")).split()),
@@ -86,7 +87,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         if "base" in params:
             params["base"] = {**base, **params["base"]}
             try:
-                RunConfig.from_dict({**params["base"], "device": "cpu"}).validate()
+                check_run(RunConfig.from_dict({**params["base"], "device": "cpu"}))
             except ConfigError as exc:
                 raise ConfigError(f"profile {name!r}, notebook {notebook}: base: {exc}") from None
         for key in ("methods", "hetero_methods"):

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 import shutil
 import uuid
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fedtsp.data import dataset_info, semantic_groups
+from fedtsp.environment import cache_root, wordnet_dir
 from fedtsp.errors import UserError
 
 if TYPE_CHECKING:
@@ -110,13 +110,6 @@ class WordNetUnavailableError(UserError, LookupError):
 # --------------------------------------------------------------------------------------------
 
 
-def _cache_root(cache_dir: str | Path | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("FEDTSP_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "fedtsp"
-
-
 def _lexnames_text() -> str:
     return "".join(
         f"{i:02d}\t{name}\t{_CATEGORY[name.split('.')[0]]}\n" for i, name in enumerate(LEXNAMES)
@@ -141,7 +134,7 @@ def build_wordnet_folder(
     folder is assembled under a temporary name and renamed into place, so a concurrent or
     interrupted build never leaves a half-copied corpus behind.
     """
-    data_dir = _cache_root(cache_dir) / "nltk_data"
+    data_dir = cache_root(cache_dir) / "nltk_data"
     corpora = data_dir / "corpora"
     final = corpora / "wordnet"
     if _is_complete(final):
@@ -218,8 +211,8 @@ def _wordnet_cached(source: str | None, cache_dir: str | None) -> WordNetCorpusR
                 return reader
             other_version = reader
             problems.append(f"nltk 'wordnet' corpus is WordNet {version}")
-        env = os.environ.get("WNSEARCHDIR")
-        sources = [Path(env)] if env else []
+        env = wordnet_dir()
+        sources = [env] if env is not None else []
         sources.append(DEBIAN_WORDNET_DIR)
     else:
         sources = [Path(source)]

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from fedtsp import runspec
 from fedtsp.algorithms import Algorithm, Message, RunContext, get_algorithm, resolve_options
 from fedtsp.clients import Client, NonFiniteLossError
 from fedtsp.config import ConfigError, RunConfig
@@ -43,6 +44,7 @@ from fedtsp.results import (
     code_version,
     summarize_history,
 )
+from fedtsp.runspec import check_run
 
 log = logging.getLogger("fedtsp")
 
@@ -106,7 +108,7 @@ def resolve_feature_dim(config: RunConfig, algorithm_cls: type[Algorithm], optio
 
 def run_key(config: RunConfig, dataset: ImageDataset) -> str:
     """The run's identity: its full config plus the exact data it trains on."""
-    return config.key({"dataset_checksum": dataset.checksum})
+    return runspec.run_key(config, {"dataset_checksum": dataset.checksum})
 
 
 def partition_dataset(
@@ -132,7 +134,7 @@ def partition_dataset(
 def prepare(
     config: RunConfig, data: str | Path | None = None, dataset: ImageDataset | None = None
 ) -> PreparedRun:
-    config.validate()
+    check_run(config)
     algorithm_cls = get_algorithm(config.algorithm)
     options = resolve_options(config.algorithm, config.algo_options)
     feature_dim = resolve_feature_dim(config, algorithm_cls, options)
@@ -367,7 +369,7 @@ def run_experiment(
     wall_start = time.perf_counter()
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
-    config.validate()
+    check_run(config)
     if dataset is None:
         dataset = load_dataset(config.dataset, data)
     store = RunStore(out)

@@ -11,6 +11,7 @@ from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_facto
 from fedtsp.algorithms.shared_model import distill_kl, shared_weights
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
+from fedtsp.runspec import check_run
 from fedtsp.simulation import message_nbytes, prepare, run_experiment
 
 METHODS = ["fml", "fedkd", "fedmrl"]
@@ -349,7 +350,7 @@ def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(t
 )
 def test_bad_options_fail_with_one_sentence(algorithm, options, match):
     with pytest.raises(ConfigError, match=match):
-        tiny_config(algorithm=algorithm, algo_options=options).validate()
+        check_run(tiny_config(algorithm=algorithm, algo_options=options))
 
 
 def test_fedmrl_sub_dim_wider_than_features_is_rejected(tiny_data):

@@ -18,11 +18,13 @@ import pytest
 import torch
 from PIL import Image
 
-import fedtsp.data.datasets as dsmod
+import fedtsp.data.decoders as decoders
+import fedtsp.data.loading as loading
 from fedtsp.data import (
     DATASETS,
     DatasetFormatError,
     DatasetNotFoundError,
+    ImageDataset,
     dataset_info,
     dataset_names,
     load_dataset,
@@ -222,7 +224,7 @@ def _make_tiny(root: Path) -> Path:
     return top
 
 
-def _check_tiny(ds: dsmod.ImageDataset) -> None:
+def _check_tiny(ds: ImageDataset) -> None:
     assert ds.classes == ["n01", "n02", "n03"]
     assert ds.class_words == ["goldfish, Carassius auratus", "bullfrog", "tabby, tabby cat"]
     assert ds.train_images.shape == (6, 3, 64, 64) and ds.test_images.shape == (6, 3, 64, 64)
@@ -339,13 +341,13 @@ def test_cache_skips_decoding_and_is_keyed_by_source(
     _make_folder_tar(arc, CIFAR10)
     cache = tmp_path / "cache"
     calls: list[int] = []
-    real = dsmod._decode_many  # every image file is decoded through it
+    real = decoders._decode_many  # every image file is decoded through it
 
     def counting(tree: object, names: list[str], *args: object) -> np.ndarray:
         calls.append(len(names))
         return real(tree, names, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(dsmod, "_decode_many", counting)
+    monkeypatch.setattr(decoders, "_decode_many", counting)
     first = load_dataset("cifar10", path=arc, cache_dir=cache)
     assert sum(calls) == 50
     assert len(list(cache.glob("cifar10-*/train_images.npy"))) == 1
@@ -354,7 +356,7 @@ def test_cache_skips_decoding_and_is_keyed_by_source(
     def fail(*args: object) -> np.ndarray:
         raise AssertionError("decoded again although cached")
 
-    monkeypatch.setattr(dsmod, "_decode_many", fail)
+    monkeypatch.setattr(decoders, "_decode_many", fail)
     second = load_dataset("cifar10", path=arc, cache_dir=cache)
     for k in ("train_images", "train_labels", "test_images", "test_labels"):
         assert np.array_equal(getattr(first, k), getattr(second, k))
@@ -365,7 +367,7 @@ def test_cache_skips_decoding_and_is_keyed_by_source(
     assert np.array_equal(third.train_images, first.train_images)
 
     # A different source (another archive) is not confused with the cached one.
-    monkeypatch.setattr(dsmod, "_decode_many", counting)
+    monkeypatch.setattr(decoders, "_decode_many", counting)
     other = tmp_path / "other.tar.gz"
     shutil.copy(arc, other)
     load_dataset("cifar10", path=other, cache_dir=cache)
@@ -396,7 +398,7 @@ def test_download_failure_is_wrapped(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def offline(info: object, root: Path) -> tuple[np.ndarray, ...]:
         raise OSError("no route to host")
 
-    monkeypatch.setattr(dsmod, "_download_torchvision", offline)
+    monkeypatch.setattr(loading, "_download_torchvision", offline)
     with pytest.raises(DatasetNotFoundError, match="failed: no route to host"):
         load_dataset("cifar10", cache_dir=tmp_path / "cache", download=True)
 

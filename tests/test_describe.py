@@ -17,6 +17,8 @@ import pytest
 
 from fedtsp import describe as d
 from fedtsp import descriptions
+from fedtsp.describe import classes as describe_classes
+from fedtsp.describe import generate, providers
 from fedtsp.descriptions import load_descriptions
 
 CIFAR10 = [
@@ -133,7 +135,7 @@ def api(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeAPI]:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """Backoff pauses requested by the client (not actually slept)."""
     delays: list[float] = []
-    monkeypatch.setattr(d, "_sleep", delays.append)
+    monkeypatch.setattr(generate, "_sleep", delays.append)
     return delays
 
 
@@ -387,16 +389,16 @@ def test_backoff_delay_and_retry_after():
 
     rng = random.Random(0)
     assert d.backoff_delay(3, retry_after=7.0) == 7.0
-    assert d.backoff_delay(0, retry_after=1e9) == d.MAX_RETRY_AFTER_S
+    assert d.backoff_delay(0, retry_after=1e9) == providers.MAX_RETRY_AFTER_S
     for attempt in range(12):
         delay = d.backoff_delay(attempt, rng=rng)
-        full = min(d.BACKOFF_CAP_S, d.BACKOFF_BASE_S * 2**attempt)
+        full = min(generate.BACKOFF_CAP_S, generate.BACKOFF_BASE_S * 2**attempt)
         assert 0.5 * full <= delay < full
-    assert d._parse_retry_after("2") == 2.0
-    assert d._parse_retry_after("-5") == 0.0
-    assert d._parse_retry_after("soon") is None
-    assert d._parse_retry_after(None) is None
-    assert d._parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
+    assert providers._parse_retry_after("2") == 2.0
+    assert providers._parse_retry_after("-5") == 0.0
+    assert providers._parse_retry_after("soon") is None
+    assert providers._parse_retry_after(None) is None
+    assert providers._parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0  # in the past
 
 
 def test_tiny_imagenet_classes_from_wnids_and_words(tmp_path, caplog, monkeypatch):
@@ -427,7 +429,7 @@ def test_tiny_imagenet_classes_from_wnids_and_words(tmp_path, caplog, monkeypatc
     assert [c.key for c in from_words] == sorted(wnids)
 
     # words.txt with more than the 200 classes: the wnids come from a committed set, if any.
-    monkeypatch.setattr(d, "COMMITTED_SETS", tmp_path / "sets")
+    monkeypatch.setattr(describe_classes, "COMMITTED_SETS", tmp_path / "sets")
     with pytest.raises(d.DescribeInputError, match="pass --wnids"):
         d.resolve_classes("tinyimagenet", class_words=folder / "words.txt")
     (tmp_path / "sets").mkdir()

@@ -13,6 +13,7 @@ import fedtsp.simulation as sim
 from fedtsp.algorithms.fedavg import MODEL_PREFIX
 from fedtsp.algorithms.fedetf import simplex_etf
 from fedtsp.config import ConfigError, RunConfig
+from fedtsp.runspec import check_run, run_key
 from fedtsp.simulation import prepare, run_experiment
 
 
@@ -44,15 +45,15 @@ def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 # ---- configuration ---------------------------------------------------------------------------
 def test_settings_are_validated_with_clear_errors():
     with pytest.raises(ConfigError, match="setting gfl needs one architecture"):
-        tiny_config(algorithm="fedavg", setting="gfl").validate()  # htfe-cpu: 4 architectures
+        check_run(tiny_config(algorithm="fedavg", setting="gfl"))  # htfe-cpu: 4 architectures
     with pytest.raises(ConfigError, match=r"runs in setting\(s\) gfl, not htfl"):
-        tiny_config(algorithm="fedavg").validate()
+        check_run(tiny_config(algorithm="fedavg"))
     with pytest.raises(ConfigError, match="setting pfl offers fedavg-ft, fedbabu-ft"):
-        homo_config("fedbabu", "pfl").validate()
+        check_run(homo_config("fedbabu", "pfl"))
     with pytest.raises(ConfigError, match="setting='xfl' is invalid"):
-        homo_config("fedavg", "xfl").validate()
-    homo_config("fedtsp", "gfl").validate()
-    tiny_config(algorithm="fedtsp").validate()  # FedTSP runs in htfl and gfl
+        check_run(homo_config("fedavg", "xfl"))
+    check_run(homo_config("fedtsp", "gfl"))
+    check_run(tiny_config(algorithm="fedtsp"))  # FedTSP runs in htfl and gfl
 
 
 def test_later_config_fields_keep_old_run_keys_at_their_defaults():
@@ -76,16 +77,16 @@ def test_later_config_fields_keep_old_run_keys_at_their_defaults():
 def test_a_revised_method_never_reuses_its_older_records(algorithm):
     """A revision > 0 (changed defaults or code) enters the key; revision 0 stays out."""
     revised = RunConfig(algorithm=algorithm, channels_last=False)
-    assert revised.key() != key_before_fields(revised)
+    assert run_key(revised, {}) != key_before_fields(revised)
     plain = RunConfig(algorithm="local", channels_last=False)
-    assert plain.key() == key_before_fields(plain)
+    assert run_key(plain, {}) == key_before_fields(plain)
 
 
 def test_fedtsp_is_revised_only_for_the_option_whose_code_changed():
     default = RunConfig(algorithm="fedtsp", channels_last=False)
-    assert default.key() == key_before_fields(default)
+    assert run_key(default, {}) == key_before_fields(default)
     training = default.replace(algo_options={"prototype_source": "training"})
-    assert training.key() != key_before_fields(training)
+    assert run_key(training, {}) != key_before_fields(training)
 
 
 # ---- aggregation -----------------------------------------------------------------------------

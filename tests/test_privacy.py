@@ -17,6 +17,7 @@ from fedtsp.privacy import (
     gaussian_mechanism,
     privatize_sequences,
 )
+from fedtsp.runspec import check_run
 from fedtsp.simulation import prepare
 
 
@@ -44,7 +45,7 @@ def test_invalid_dp_parameters_are_rejected(epsilon, delta, clip, message):
         dp_sigma(epsilon, delta, clip)
     options = {"dp_epsilon": epsilon, "dp_delta": delta, "dp_clip": clip}
     with pytest.raises(ConfigError, match=message):
-        tiny_config(algorithm="fedtsp", algo_options=options).validate()
+        check_run(tiny_config(algorithm="fedtsp", algo_options=options))
 
 
 def test_clipping_bounds_the_norm_and_keeps_short_vectors():
@@ -122,9 +123,9 @@ def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
             dataset=tiny_data,
         )
     with pytest.raises(ConfigError, match="set only one"):
-        tiny_config(
-            algorithm="fedtsp", algo_options={"dp_epsilon": 8.0, "dp_noise_std": 0.1}
-        ).validate()
+        check_run(
+            tiny_config(algorithm="fedtsp", algo_options={"dp_epsilon": 8.0, "dp_noise_std": 0.1})
+        )
 
 
 def test_class_names_are_recovered_without_noise_and_lost_as_epsilon_falls():

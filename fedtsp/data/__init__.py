@@ -1,20 +1,16 @@
-"""Datasets (decode once, cache), the authors' Dirichlet partition, HtFLlib export."""
+"""The data layer: the dataset registry, the in-memory dataset, loading (archive views,
+decoders, cache, download), the authors' Dirichlet partition, HtFLlib export."""
 
-from fedtsp.data.datasets import (
-    DATASETS,
+from fedtsp.data.htfllib import ClientTensors, export_htfllib, import_htfllib
+from fedtsp.data.images import (
     LAYOUTS,
     DatasetFormatError,
-    DatasetInfo,
     DatasetNotFoundError,
     ImageDataset,
-    dataset_info,
-    dataset_names,
     device_images,
-    load_dataset,
     normalize,
-    semantic_groups,
 )
-from fedtsp.data.htfllib import ClientTensors, export_htfllib, import_htfllib
+from fedtsp.data.loading import load_dataset
 from fedtsp.data.partition import (
     Partition,
     PartitionError,
@@ -26,6 +22,7 @@ from fedtsp.data.partition import (
     split_clients,
     stratified_subsample,
 )
+from fedtsp.data.registry import DATASETS, DatasetInfo, dataset_info, dataset_names, semantic_groups
 from fedtsp.data.synthetic import synthetic_dataset
 
 __all__ = [

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from fedtsp.atomic import atomic_save
-from fedtsp.data.datasets import normalize
+from fedtsp.data.images import normalize
 from fedtsp.data.partition import Partition
 
 __all__ = ["ClientTensors", "export_htfllib", "import_htfllib"]

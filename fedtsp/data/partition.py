@@ -31,7 +31,7 @@ import numpy as np
 from fedtsp.errors import UserError
 
 if TYPE_CHECKING:
-    from fedtsp.data.datasets import ImageDataset
+    from fedtsp.data.images import ImageDataset
 
 __all__ = [
     "Partition",

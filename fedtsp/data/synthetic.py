@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedtsp.data.datasets import DatasetNotFoundError, ImageDataset, dataset_info
+from fedtsp.data.images import DatasetNotFoundError, ImageDataset
+from fedtsp.data.registry import dataset_info
 
 
 def synthetic_dataset(

@@ -41,6 +41,7 @@ from fedtsp.data import ImageDataset, device_images
 from fedtsp.models.families import build_client_model
 from fedtsp.paths import portable_path
 from fedtsp.results import RECORD_VERSION, RunStore, code_version, summarize_history
+from fedtsp.runspec import check_run, run_key
 
 log = logging.getLogger("fedtsp.flower")
 
@@ -91,7 +92,7 @@ def message_nbytes(message: Message) -> int:
 # ---- the work folder --------------------------------------------------------------------
 def engine_key(config: RunConfig, dataset_checksum: str, engine: str) -> str:
     """The run's key: the simulator's key material plus the engine, for provenance."""
-    return config.key({"dataset_checksum": dataset_checksum, "engine": engine})
+    return run_key(config, {"dataset_checksum": dataset_checksum, "engine": engine})
 
 
 def check_supported(config: RunConfig) -> None:
@@ -123,7 +124,7 @@ def prepare_workdir(
         )
     if not round_timeout > 0:
         raise ConfigError(f"round_timeout={round_timeout} is invalid; must be > 0 seconds")
-    config.validate()
+    check_run(config)
     check_supported(config)
     if getattr(config, "setting", "htfl") == "gfl":
         raise ConfigError(

@@ -25,6 +25,7 @@ from fedtsp.config import RunConfig
 from fedtsp.data import ImageDataset, load_dataset
 from fedtsp.flower.core import ClientFailureError, load_run, prepare_workdir
 from fedtsp.results import RunStore
+from fedtsp.runspec import check_run
 
 FLOWER_MISSING = (
     "Flower is not installed; install the extra with: pip install 'fedtsp[flower]' "
@@ -321,7 +322,7 @@ def run_flower(
 ) -> dict[str, Any]:
     """Run one experiment on Flower and return its run record (from the store if present)."""
     require_flower()
-    config.validate()
+    check_run(config)
     if dataset is None:
         dataset = load_dataset(config.dataset, data)
     workdir = Path(workdir) if workdir is not None else Path(out) / "flower-work"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,6 +37,7 @@ import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
 from fedtsp.data import ImageDataset
+from fedtsp.environment import cache_root
 from fedtsp.fmcl.baselines import (
     CFLOptions,
     IFCAOptions,
@@ -118,10 +118,7 @@ def _key(payload: dict[str, Any]) -> str:
 
 
 def _default_cache_dir() -> Path:
-    env = os.environ.get("FEDTSP_CACHE")
-    return (
-        Path(env).expanduser() if env else Path.home() / ".cache" / "fedtsp"
-    ) / "fmcl-embeddings"
+    return cache_root() / "fmcl-embeddings"
 
 
 def _run_one(

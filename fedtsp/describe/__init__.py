@@ -1,0 +1,81 @@
+"""`fedtsp describe`: have a language model write the class descriptions FedTSP encodes.
+
+One request per class asks for a JSON object
+
+    {"Short Label": "...", "Fine-grained Descriptions": ["...", ...k strings]}
+
+covering the class's appearance, its function or behaviour and its typical environment.
+Answers are checked, retried when malformed or when the service is busy, and written to a
+description file in the authors' schema (see `fedtsp.descriptions`) with a `_meta` block
+recording the exact instruction, the model, the date, the variant and k.
+
+Two providers:
+
+* ``openai``: any OpenAI-compatible Chat Completions endpoint, spoken to with the standard
+  library (no `openai` package). The API key is read only from an environment variable
+  (``OPENAI_API_KEY`` unless ``--api-key-env`` names another) and is masked in every message.
+* ``local``: a local transformers text-generation model directory, greedy decoding.
+
+The output file is rewritten atomically after every class, so an interrupted run resumes where
+it stopped (classes already in the file are kept and skipped; ``--force`` regenerates them).
+
+The package, one concept a module: `prompts` (the request and the answer's schema),
+`providers` (the two chat back ends), `classes` (which classes a file covers), `generate`
+(asking class by class: retries, resume, atomic writes), `command` (`describe()` and the
+CLI), `errors`.
+"""
+
+from fedtsp.describe.classes import resolve_classes
+from fedtsp.describe.command import add_describe_parser, describe, run_describe
+from fedtsp.describe.errors import (
+    DescribeError,
+    DescribeInputError,
+    MalformedAnswer,
+    ProviderError,
+    TransientError,
+)
+from fedtsp.describe.generate import backoff_delay, generate_descriptions
+from fedtsp.describe.prompts import (
+    SCHEMA,
+    VARIANTS,
+    ClassSpec,
+    build_messages,
+    instruction_text,
+    parse_answer,
+    request_template,
+)
+from fedtsp.describe.providers import (
+    DEFAULT_API_KEY_ENV,
+    DEFAULT_BASE_URL,
+    PROVIDERS,
+    ChatClient,
+    LocalChat,
+    OpenAIChat,
+)
+
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "DEFAULT_BASE_URL",
+    "PROVIDERS",
+    "SCHEMA",
+    "VARIANTS",
+    "ChatClient",
+    "ClassSpec",
+    "DescribeError",
+    "DescribeInputError",
+    "LocalChat",
+    "MalformedAnswer",
+    "OpenAIChat",
+    "ProviderError",
+    "TransientError",
+    "add_describe_parser",
+    "backoff_delay",
+    "build_messages",
+    "describe",
+    "generate_descriptions",
+    "instruction_text",
+    "parse_answer",
+    "request_template",
+    "resolve_classes",
+    "run_describe",
+]
