@@ -110,9 +110,7 @@ class RunConfig:
         }
         if revision:
             config["algorithm_revision"] = revision
-        payload = {"config": config, "extra": extra or {}}
-        blob = json.dumps(payload, sort_keys=True, default=str).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        return stable_hash({"config": config, "extra": extra or {}})
 
     def validate(self) -> RunConfig:
         """Check every value on its own (no registry, no data); raise ConfigError."""
@@ -151,6 +149,12 @@ class RunConfig:
         if self.precision not in PRECISIONS:
             bad("precision", self.precision, f"choose one of {', '.join(PRECISIONS)}")
         return self
+
+
+def stable_hash(payload: dict[str, Any]) -> str:
+    """The 16-hex-digit key of a JSON-able payload: the one hashing rule of every run store."""
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def bad(name: str, value: Any, allowed: str) -> None:

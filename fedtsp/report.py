@@ -2,8 +2,9 @@
 
     python -m fedtsp.report RUNS_DIR [--group algorithm dataset alpha]
 
-prints a Markdown table (one row per group) followed by the provenance of every run
-behind it: dataset source and checksum, seeds, code version.
+prints a Markdown table of the federated runs (one row per group) followed by the provenance
+of every run behind it: dataset source and checksum, seeds, code version. The FMCL benchmark
+records in the same store get a table of their own (one row per population and method).
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
+from fedtsp.fmcl.benchmark import RECORD_KIND as FMCL_KIND
+from fedtsp.fmcl.benchmark import benchmark_row, summarize_benchmark
 from fedtsp.results import RunStore
 from fedtsp.tables import mean_pm_std, to_markdown
 
 
 def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
-    """One row per complete run: its config fields plus summary numbers."""
+    """One row per complete federated run: its config fields plus summary numbers."""
     rows = []
     for rec in records:
-        if rec.get("status") != "complete":
+        if rec.get("status") != "complete" or rec.get("kind") == FMCL_KIND:
             continue
         trained = [r for r in rec["history"] if "bytes_up_per_client" in r]
         rows.append(
@@ -85,23 +89,55 @@ def provenance(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def fmcl_table(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The FMCL benchmark records: one row per (population, method), mean ± std over seeds."""
+    rows = [benchmark_row(r) for r in records if r.get("kind") == FMCL_KIND]
+    summary = summarize_benchmark(pd.DataFrame(rows))
+    order = {m: i for i, m in enumerate(FMCL_METHODS)}
+    summary = summary.sort_values(
+        ["population", "method"], key=lambda c: c.map(order) if c.name == "method" else c
+    ).reset_index(drop=True)
+
+    def pm(row: pd.Series, metric: str, scale: float = 1.0, digits: int = 2) -> str:
+        n = int(row["seeds"])
+        mean, std = row[f"{metric}_mean"] * scale, row[f"{metric}_std"] * scale
+        return mean_pm_std(mean, std, n, digits)
+
+    return pd.DataFrame(
+        {
+            "population": summary["population"],
+            "method": summary["method"],
+            "seeds": summary["seeds"],
+            "best acc (%)": [pm(r, "best_acc", 100) for _, r in summary.iterrows()],
+            "clusters": [pm(r, "num_clusters") for _, r in summary.iterrows()],
+            "ARI": [pm(r, "ari", digits=3) for _, r in summary.iterrows()],
+        }
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Summarise a run store as a Markdown table.")
     parser.add_argument("runs", type=Path)
     parser.add_argument("--group", nargs="+", default=["algorithm"])
     args = parser.parse_args(argv)
-    frame = runs_frame(RunStore(args.runs).records())
-    if frame.empty:
+    records = list(RunStore(args.runs).records())
+    frame = runs_frame(records)
+    clustered = [r for r in records if r.get("kind") == FMCL_KIND and r.get("status") == "complete"]
+    if frame.empty and not clustered:
         raise SystemExit(f"no complete run records in {args.runs}")
-    table = summary_table(frame, args.group)
-    fixed = [
-        c
-        for c in ("dataset", "alpha", "num_clients", "fraction", "family", "rounds", "local_epochs")
-        if frame[c].nunique() == 1
-    ]
-    print("Setting: " + ", ".join(f"{c}={frame[c].iloc[0]}" for c in fixed) + "\n")
-    print(to_markdown(table))
-    print("\nProvenance:\n" + provenance(frame))
+    if not frame.empty:
+        table = summary_table(frame, args.group)
+        fixed = [
+            c
+            for c in ("dataset", "alpha", "num_clients", "fraction", "family", "rounds")
+            if frame[c].nunique() == 1
+        ]
+        print("Setting: " + ", ".join(f"{c}={frame[c].iloc[0]}" for c in fixed) + "\n")
+        print(to_markdown(table))
+        print("\nProvenance:\n" + provenance(frame))
+    if clustered:
+        print(f"\nFMCL benchmark ({len(clustered)} records):\n")
+        print(to_markdown(fmcl_table(clustered)))
 
 
 if __name__ == "__main__":

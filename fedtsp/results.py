@@ -133,7 +133,7 @@ class RunStore:
                 "names": sorted(artifacts),
             }
         path = self.record_path(key)
-        atomic_write_bytes(path, json.dumps(record, indent=1, default=_json_default).encode())
+        atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
         return path
 
     def records(self) -> Iterator[dict[str, Any]]:
@@ -141,7 +141,7 @@ class RunStore:
             yield read_record(path)
 
 
-def _json_default(value: Any) -> Any:
+def json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import random
 import resource
 import time
 from dataclasses import dataclass
@@ -45,22 +44,12 @@ from fedtsp.results import (
     summarize_history,
 )
 from fedtsp.runspec import check_run
+from fedtsp.seeding import derive_seed, seed_everything
 
 log = logging.getLogger("fedtsp")
 
 DEFAULT_FEATURE_DIM = 512
 PHASES = ("evaluate", "train", "upload", "server", "broadcast", "checkpoint")
-
-
-def derive_seed(*parts: int) -> int:
-    """A 32-bit seed from integers, independent of any global random state."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def seed_client_model(config: RunConfig) -> None:
@@ -146,7 +135,7 @@ def prepare(
     images, labels, partition = partition_dataset(config, dataset)
 
     seed_everything(config.seed)
-    autocast = _autocast_factory(config)
+    autocast = autocast_factory(config)
 
     def tensors(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         x = device_images(images[idx], device, config.channels_last)
@@ -203,7 +192,7 @@ def prepare(
     return PreparedRun(config, key, dataset, partition, clients, algorithm, first, global_test)
 
 
-def _autocast_factory(config: RunConfig) -> Any:
+def autocast_factory(config: RunConfig) -> Any:
     if config.precision == "fp32":
         return contextlib.nullcontext
     device_type = torch.device(config.device).type

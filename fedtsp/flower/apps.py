@@ -36,6 +36,8 @@ from fedtsp.flower.core import (
     message_to_arrays,
     to_bytes,
 )
+from fedtsp.seeding import derive_seed, seed_everything
+from fedtsp.simulation import global_eval_due
 
 log = logging.getLogger("fedtsp.flower")
 
@@ -156,7 +158,6 @@ def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     log.info("nodes: %s", {i: targets[i] for i in sorted(targets)})
 
     run_json = json.dumps(run)
-    from fedtsp.simulation import derive_seed, global_eval_due, seed_everything
 
     history: list[dict[str, Any]] = []
     failures: list[Failure] = []

@@ -40,8 +40,19 @@ from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.models.families import build_client_model
 from fedtsp.paths import portable_path
-from fedtsp.results import RECORD_VERSION, RunStore, code_version, summarize_history
+from fedtsp.results import RECORD_VERSION, RunStore, code_version, json_default, summarize_history
 from fedtsp.runspec import check_run, run_key
+from fedtsp.seeding import derive_seed, seed_everything
+from fedtsp.simulation import (
+    PHASES,
+    autocast_factory,
+    client_batching,
+    global_test_indices,
+    message_nbytes,
+    partition_dataset,
+    resolve_feature_dim,
+    seed_client_model,
+)
 
 log = logging.getLogger("fedtsp.flower")
 
@@ -85,10 +96,6 @@ def arrays_to_message(arrays: dict[str, np.ndarray], device: torch.device) -> Me
     return {k: torch.from_numpy(np.array(v)).to(device) for k, v in arrays.items()}
 
 
-def message_nbytes(message: Message) -> int:
-    return sum(t.numel() * t.element_size() for t in message.values() if torch.is_tensor(t))
-
-
 # ---- the work folder --------------------------------------------------------------------
 def engine_key(config: RunConfig, dataset_checksum: str, engine: str) -> str:
     """The run's key: the simulator's key material plus the engine, for provenance."""
@@ -114,7 +121,6 @@ def prepare_workdir(
     round_timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Write run.json, server.npz and node-<i>.npz; return run.json's content."""
-    from fedtsp.simulation import global_test_indices, partition_dataset, resolve_feature_dim
 
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is invalid; choose one of {', '.join(ENGINES)}")
@@ -256,7 +262,6 @@ class ServerLoop:
     first_broadcast: Message | None = field(init=False)
 
     def __post_init__(self) -> None:
-        from fedtsp.simulation import seed_client_model, seed_everything
 
         self.workdir = Path(self.workdir)
         self.run = load_run(self.workdir)
@@ -330,7 +335,7 @@ class ServerLoop:
     def save_incomplete(self, record: dict[str, Any]) -> Path:
         path = self.incomplete_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(record, indent=1, default=_json_default).encode())
+        atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
         return path
 
     def round_row(
@@ -340,7 +345,6 @@ class ServerLoop:
 
         Mirrors fedtsp.simulation._evaluate_round / _train_round so rows are comparable.
         """
-        from fedtsp.simulation import PHASES
 
         order = sorted(replies)
         evals = [replies[i]["eval"] for i in order]
@@ -392,14 +396,6 @@ def _flwr_version() -> str | None:
         return None
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot store {type(value).__name__} in a run record")
-
-
 # ---- a node -------------------------------------------------------------------------------
 @dataclass
 class NodeRuntime:
@@ -412,7 +408,6 @@ class NodeRuntime:
 
     @classmethod
     def build(cls, run: dict[str, Any], index: int, data_file: str | Path, blob: bytes) -> Any:
-        from fedtsp.simulation import _autocast_factory, client_batching
 
         cfg = RunConfig.from_dict(run["config"])
         path = Path(data_file)
@@ -437,7 +432,7 @@ class NodeRuntime:
             test_x,
             test_y,
             len(run["dataset"]["classes"]),
-            autocast=_autocast_factory(cfg),
+            autocast=autocast_factory(cfg),
             **client_batching(cfg),
         )
         options = resolve_options(cfg.algorithm, cfg.algo_options)
@@ -466,7 +461,6 @@ class NodeRuntime:
     ) -> tuple[dict[str, Any], Message]:
         """receive -> evaluate -> (train -> upload), as one simulator round on this client."""
         from fedtsp.clients import NonFiniteLossError
-        from fedtsp.simulation import derive_seed, seed_everything
 
         cfg, client, algo = self.config, self.client, self.algorithm
         timings: dict[str, float] = {}

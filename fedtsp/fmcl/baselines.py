@@ -43,14 +43,13 @@ from fedtsp.fmcl.training import (
     State,
     TrainOptions,
     TrainResult,
-    _seed_all,
     average,
-    derive,
     evaluate,
     local_update,
     model_nbytes,
 )
 from fedtsp.models.families import build_model
+from fedtsp.seeding import derive_seed, seed_everything
 
 __all__ = [
     "CFLOptions",
@@ -130,7 +129,7 @@ def run_ifca(
 ) -> TrainResult:
     opts = options.validate()
     k = opts.num_clusters
-    models = [_fresh_state(clients, train, derive(seed, 7, j)) for j in range(k)]
+    models = [_fresh_state(clients, train, derive_seed(seed, 7, j)) for j in range(k)]
     sizes = [c.num_train for c in clients]
     nbytes = (k + 1) * model_nbytes(models[0])  # K models down, one up
 
@@ -144,11 +143,11 @@ def run_ifca(
     ]
     for t in tqdm(range(train.rounds), disable=not progress, desc="ifca", unit="round"):
         start = time.perf_counter()
-        _seed_all(derive(seed, t + 1))
+        seed_everything(derive_seed(seed, t + 1))
         new, losses = [], []
         for c in clients:
             state, loss = local_update(
-                c, models[assignment[c.index]], train, derive(seed, t + 1, c.index)
+                c, models[assignment[c.index]], train, derive_seed(seed, t + 1, c.index)
             )
             new.append(state)
             losses.append(loss)
@@ -235,11 +234,11 @@ def run_cfl(
     history = [evaluate(clients, lambda i: models[assignment[i]], 0) | {"num_clusters": 1}]
     for t in tqdm(range(train.rounds), disable=not progress, desc="cfl", unit="round"):
         start = time.perf_counter()
-        _seed_all(derive(seed, t + 1))
+        seed_everything(derive_seed(seed, t + 1))
         new, losses, updates = [], [], []
         for c in clients:
             base = models[assignment[c.index]]
-            state, loss = local_update(c, base, train, derive(seed, t + 1, c.index))
+            state, loss = local_update(c, base, train, derive_seed(seed, t + 1, c.index))
             new.append(state)
             losses.append(loss)
             updates.append(_flat(state, keys) - _flat(base, keys))

@@ -22,7 +22,6 @@ training traffic); wall seconds (clustering, incl. embeddings unless cached; tra
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import time
@@ -36,6 +35,7 @@ import pandas as pd
 import torch
 from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
 
+from fedtsp.config import stable_hash
 from fedtsp.data import ImageDataset
 from fedtsp.environment import cache_root
 from fedtsp.fmcl.baselines import (
@@ -53,7 +53,17 @@ from fedtsp.fmcl.training import TrainOptions, build_clients, train_fixed_cluste
 from fedtsp.models.image_encoders import create_image_encoder
 from fedtsp.results import RECORD_VERSION, RunStore, code_version, summarize_history
 
-__all__ = ["METHODS", "POPULATIONS", "population_spec", "run_benchmark", "summarize_benchmark"]
+__all__ = [
+    "METHODS",
+    "POPULATIONS",
+    "RECORD_KIND",
+    "benchmark_row",
+    "population_spec",
+    "run_benchmark",
+    "summarize_benchmark",
+]
+
+RECORD_KIND = "fmcl-benchmark"  # the "kind" of these records in a run store
 
 METHODS = ("fmcl", "fedavg", "local", "ifca", "cfl", "pacfl", "oracle")
 
@@ -110,11 +120,6 @@ def _jsonable(options: Any) -> Any:
     return json.loads(
         json.dumps(options.to_dict() if hasattr(options, "to_dict") else vars(options), default=str)
     )
-
-
-def _key(payload: dict[str, Any]) -> str:
-    blob = json.dumps(payload, sort_keys=True, default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _default_cache_dir() -> Path:
@@ -201,7 +206,8 @@ def _run_one(
     }
 
 
-def _row(record: dict[str, Any]) -> dict[str, Any]:
+def benchmark_row(record: dict[str, Any]) -> dict[str, Any]:
+    """One FMCL benchmark record as a flat row (what `summarize_benchmark` reads)."""
     s = record["summary"]
     spec = record["population"]["spec"]
     return {
@@ -234,7 +240,7 @@ def _run_and_save(
     result = _run_one(*run_args, progress)
     record = {
         "record_version": RECORD_VERSION,
-        "kind": "fmcl-benchmark",
+        "kind": RECORD_KIND,
         "status": "complete",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **identity,
@@ -328,9 +334,9 @@ def run_benchmark(
     stored: dict[tuple[str, int], dict[str, Any]] = {}
     todo = []
     for method, seed in itertools.product(methods, seeds):
-        keys[method, seed] = _key(
+        keys[method, seed] = stable_hash(
             {
-                "kind": "fmcl-benchmark",
+                "kind": RECORD_KIND,
                 "population": spec.to_dict(),
                 "population_checksum": pop_checksum,
                 "method": method,
@@ -375,7 +381,7 @@ def run_benchmark(
     rows = []
     for method, seed in itertools.product(methods, seeds):
         record = stored.get((method, seed)) or store.load(keys[method, seed])  # just run: saved
-        rows.append(_row(record))
+        rows.append(benchmark_row(record))
     return pd.DataFrame(rows)
 
 

@@ -38,6 +38,7 @@ from fedtsp.clients import Client
 from fedtsp.data import device_images
 from fedtsp.fmcl.populations import Population
 from fedtsp.models.families import ARCHITECTURES, build_model
+from fedtsp.seeding import derive_seed, seed_everything
 
 __all__ = [
     "TrainOptions",
@@ -98,21 +99,11 @@ class TrainResult:
     extra: dict[str, Any]
 
 
-def _seed_all(seed: int) -> None:
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def derive(*parts: int) -> int:
-    """A 32-bit seed from integers (independent of global random state)."""
-    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
-
-
 def build_clients(population: Population, options: TrainOptions, seed: int) -> list[Client]:
     """Clients with tensors on the device and identical freshly initialised models."""
     opts = options.validate()
     device = torch.device(opts.device)
-    _seed_all(derive(seed, 0))
+    seed_everything(derive_seed(seed, 0))
     template = build_model(
         opts.arch,
         population.num_classes,
@@ -221,10 +212,12 @@ def train_fixed_clusters(
     history = [evaluate(clients, state_of, 0) | {"num_clusters": len(clusters)}]
     for t in tqdm(range(options.rounds), disable=not progress, desc=desc, unit="round"):
         start = time.perf_counter()
-        _seed_all(derive(seed, t + 1))
+        seed_everything(derive_seed(seed, t + 1))
         new_states, losses = [], []
         for c in clients:
-            state, loss = local_update(c, state_of(c.index), options, derive(seed, t + 1, c.index))
+            state, loss = local_update(
+                c, state_of(c.index), options, derive_seed(seed, t + 1, c.index)
+            )
             new_states.append(state)
             losses.append(loss)
         if not local_only:
