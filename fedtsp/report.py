@@ -129,7 +129,15 @@ def main(argv: list[str] | None = None) -> None:
         table = summary_table(frame, args.group)
         fixed = [
             c
-            for c in ("dataset", "alpha", "num_clients", "fraction", "family", "rounds")
+            for c in (
+                "dataset",
+                "alpha",
+                "num_clients",
+                "fraction",
+                "family",
+                "rounds",
+                "local_epochs",
+            )
             if frame[c].nunique() == 1
         ]
         print("Setting: " + ", ".join(f"{c}={frame[c].iloc[0]}" for c in fixed) + "\n")
