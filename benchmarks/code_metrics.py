@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from fedtsp.paths import REPO_ROOT
-from fedtsp.results import code_version
+from fedtsp.results import code_version, short_commit
 
 PACKAGE = REPO_ROOT / "fedtsp"
 # Our method file -> HtFLlib's client and server file stems, for the methods both have.
@@ -180,7 +180,7 @@ def measure(package: Path, htfllib: Path | None) -> dict[str, Any]:
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
     return {
         "what": "code lines (no blank, comment or docstring lines) of the fedtsp package",
-        "code_version": _commit(),
+        "code_version": short_commit(code_version()),
         "round_loops": {"count": len(loops), "where": sorted(loops)},
         "methods": methods,
         "methods_ratio_overall": overall,
@@ -190,11 +190,6 @@ def measure(package: Path, htfllib: Path | None) -> dict[str, Any]:
         "package_code_lines": sum(sizes.values()),
         "modules": len(files),
     }
-
-
-def _commit() -> str:
-    info = code_version()
-    return (info["git_commit"] or "unknown")[:7] + ("+dirty" if info["git_dirty"] else "")
 
 
 def table(metrics: dict[str, Any]) -> str:

@@ -58,7 +58,7 @@ from fedtsp.config import RunConfig
 from fedtsp.data import load_dataset
 from fedtsp.data.htfllib import export_htfllib
 from fedtsp.paths import REPO_ROOT, portable_path
-from fedtsp.results import code_version
+from fedtsp.results import code_version, short_commit
 from fedtsp.simulation import partition_dataset, run_experiment, run_key
 from fedtsp.tables import mean_pm_std
 
@@ -204,8 +204,7 @@ def run_ours(config: RunConfig, dataset: Any, store: Path) -> dict[str, Any]:
         "accs": [round(100 * row["acc"], 2) for row in record["history"]],
         "s_per_round": statistics.fmean(trained[1:] or trained),  # like HtFLlib: not the first
         "key": record["key"],
-        "commit": (record["git_commit"] or "unknown")[:7]
-        + ("+dirty" if record["git_dirty"] else ""),
+        "commit": short_commit(record),
         "record": record,
     }
 

@@ -78,6 +78,11 @@ def code_version() -> dict[str, Any]:
     return info
 
 
+def short_commit(info: dict[str, Any]) -> str:
+    """A record's (or `code_version()`'s) code as a table shows it: 7 digits, "+dirty" if so."""
+    return (info.get("git_commit") or "unknown")[:7] + ("+dirty" if info.get("git_dirty") else "")
+
+
 def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
     """Best-round accuracy (the paper's number) and the mean of the last 5 evaluations."""
     accs = [row["acc"] for row in history]

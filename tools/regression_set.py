@@ -27,9 +27,10 @@ from fedtsp.algorithms import ALGORITHMS
 from fedtsp.config import RunConfig
 from fedtsp.data import load_dataset
 from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
+from fedtsp.fmcl.benchmark import RECORD_KIND as FMCL_RECORD_KIND
 from fedtsp.fmcl.benchmark import run_benchmark
 from fedtsp.paths import REPO_ROOT
-from fedtsp.results import code_version
+from fedtsp.results import RunStore, code_version
 from fedtsp.simulation import run_experiment
 
 DEFAULT_OUT = REPO_ROOT / "tools" / "regression_set.json"
@@ -106,9 +107,8 @@ def run_fmcl(store: Path, datasets: dict[str, Any]) -> dict[str, dict]:
         force=True,
     )
     out = {}
-    for record_file in sorted(store.glob("*.json")):
-        record = json.loads(record_file.read_text())
-        if record.get("kind") == "fmcl" or "population" in record:
+    for record in RunStore(store).records():
+        if record.get("kind") == FMCL_RECORD_KIND:
             label = f"fmcl:{record['method']}/seed{record['seed']}"
             out[label] = {
                 "history": _untimed(record["history"]),
