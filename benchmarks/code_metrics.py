@@ -43,6 +43,33 @@ HTFLLIB_METHODS = {
     "fedmrl": ("clientmrl", "servermrl"),
 }
 MIN_REPEAT = 6
+# The package's layers, lowest first: a module-level import may only name its own layer or a
+# lower one (the README's architecture table shows the same list).
+LAYERS = {
+    "leaves": ("config", "errors", "environment", "paths", "atomic", "seeding"),
+    "models, data, text": ("models", "data", "clients", "descriptions", "describe", "results"),
+    "methods": ("algorithms", "aggregation", "privacy"),
+    "engine core": ("engine", "runspec"),
+    "engines": ("simulation", "flower"),
+    "paper workflow": (
+        "profiles",
+        "plans",
+        "experiments",
+        "reproduce",
+        "tables",
+        "plots",
+        "outputs",
+        "paper",
+        "semantics",
+        "fmcl",
+        "report",
+        "system",
+        "notebook",
+        "cli",
+        "__init__",
+        "__main__",
+    ),
+}
 
 
 def _docstring_lines(tree: ast.AST) -> set[int]:
@@ -104,6 +131,34 @@ def function_imports(tree: ast.AST) -> list[tuple[int, str]]:
 
     visit(tree, False)
     return found
+
+
+def _top(module: str) -> str | None:
+    """The package's top-level unit a module name belongs to (None: not this package)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "fedtsp" and len(parts) > 1 else None
+
+
+def upward_imports(trees: dict[str, ast.AST]) -> list[str]:
+    """Module-level imports of a higher layer than the importing module's (see LAYERS)."""
+    rank = {unit: i for i, units in enumerate(LAYERS.values()) for unit in units}
+    found = []
+    for name, tree in trees.items():
+        parts = Path(name).with_suffix("").parts  # fedtsp/<unit>[/...]
+        own = rank.get(parts[1])
+        for node in tree.body:  # function-level imports are counted on their own
+            if isinstance(node, ast.ImportFrom) and node.module == "fedtsp":
+                units = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                units = [_top(node.module)]
+            elif isinstance(node, ast.Import):
+                units = [_top(alias.name) for alias in node.names]
+            else:
+                continue
+            for unit in units:
+                if own is not None and rank.get(unit, -1) > own:
+                    found.append(f"{name}:{node.lineno} imports fedtsp.{unit}")
+    return sorted(found)
 
 
 def repeated_blocks(files: dict[str, str], size: int = MIN_REPEAT) -> list[dict[str, Any]]:
@@ -177,6 +232,7 @@ def measure(package: Path, htfllib: Path | None) -> dict[str, Any]:
     if htfllib is not None:
         overall = round(total_ours / sum(r["htfllib"] for r in methods.values()), 3)
     repeats = repeated_blocks(files)
+    upward = upward_imports(trees)
     largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
     return {
         "what": "code lines (no blank, comment or docstring lines) of the fedtsp package",
@@ -186,6 +242,7 @@ def measure(package: Path, htfllib: Path | None) -> dict[str, Any]:
         "methods_ratio_overall": overall,
         "repeated_blocks": {"count": len(repeats), "min_lines": MIN_REPEAT, "blocks": repeats},
         "function_level_imports": {"count": len(imports), "where": sorted(imports)},
+        "upward_imports": {"count": len(upward), "where": upward},
         "largest_modules": [{"module": m, "code_lines": n} for m, n in largest],
         "package_code_lines": sum(sizes.values()),
         "modules": len(files),
@@ -204,6 +261,7 @@ def table(metrics: dict[str, Any]) -> str:
         f"| repeated blocks of >= {MIN_REPEAT} identical code lines | "
         f"{metrics['repeated_blocks']['count']} |",
         f"| function-level imports | {metrics['function_level_imports']['count']} |",
+        f"| module-level imports of a higher layer | {metrics['upward_imports']['count']} |",
         f"| largest module | {largest['module']} ({largest['code_lines']} code lines) |",
         f"| package | {metrics['modules']} modules, {metrics['package_code_lines']} code lines |",
         "",

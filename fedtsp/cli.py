@@ -288,8 +288,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
             import flwr  # noqa: F401
         except ImportError:
             raise CliError(FLOWER_MISSING) from None
-        if args.resume:
-            raise CliError("--resume works with --engine simulator only")
         record = run_flower(
             config,
             engine=args.engine,
@@ -299,6 +297,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             force=args.force,
             on_failure=args.on_client_failure,
             round_timeout=args.round_timeout,
+            resume=args.resume,
         )
         return _print_run_summary(args, config, record)
     record = run_experiment(

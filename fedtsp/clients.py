@@ -59,6 +59,7 @@ class Client:
     test_y: Tensor
     num_classes: int
     state: dict[str, Any] = field(default_factory=dict)  # algorithm's per-client state
+    round: int = 0  # the round the server's latest request named (set by the engine)
     optimizer: torch.optim.Optimizer | None = None
     model_seconds: float = 0.0  # time inside forward/backward/step, for overhead accounting
     # Mixed-precision context (torch.autocast for bf16); a no-op for the exact fp32 path.

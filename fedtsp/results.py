@@ -115,6 +115,41 @@ class RunStore:
     def checkpoint_path(self, key: str) -> Path:
         return self.root / "checkpoints" / f"{key}.pt"
 
+    def save_checkpoint(self, key: str, state: dict[str, Any]) -> None:
+        """The state after a finished round (any engine's), under the run's key."""
+        import torch  # the store's readers (reports, tables) need no torch
+
+        atomic_save(self.checkpoint_path(key), lambda f: torch.save({"key": key} | state, f))
+
+    def load_checkpoint(self, key: str, device: Any = "cpu") -> dict[str, Any]:
+        """The checkpoint of run ``key``; a damaged one or another run's is refused."""
+        import torch
+
+        path = self.checkpoint_path(key)
+        try:
+            state = torch.load(path, map_location=device, weights_only=False)
+        except Exception as exc:  # torch reports a damaged file in many ways
+            raise RunStoreError(
+                f"checkpoint {path} is unreadable ({type(exc).__name__}); move it away to "
+                "restart the run from round 0"
+            ) from exc
+        if not isinstance(state, dict) or state.get("key") != key:
+            other = state.get("key") if isinstance(state, dict) else None
+            raise RunStoreError(
+                f"checkpoint {path} belongs to run {other}, not to run {key}; "
+                "remove it or rerun without --resume"
+            )
+        return state
+
+    def refuse_unfinished(self, key: str) -> None:
+        """Stop before any work when an interrupted run of ``key`` waits to be resumed."""
+        path = self.checkpoint_path(key)
+        if path.exists():
+            raise FileExistsError(
+                f"an interrupted run of this config exists ({path}); pass resume=True "
+                "(--resume) to continue it or force=True (--force) to restart"
+            )
+
     def load(self, key: str) -> dict[str, Any] | None:
         path = self.record_path(key)
         if not path.exists():

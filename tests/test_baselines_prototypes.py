@@ -15,7 +15,7 @@ from fedtsp.algorithms.alignfed import AlignFed, anchor_loss, uniform_anchors
 from fedtsp.algorithms.fedtgp import FedTGP, _euclidean, adaptive_margin
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
-from fedtsp.simulation import PHASES, _train_round, prepare, run_experiment
+from fedtsp.simulation import prepare, run_experiment
 
 METHODS = ["fedtgp", "alignfed", "fedgh"]
 
@@ -28,15 +28,13 @@ def _ctx(num_classes: int, dim: int, rounds: int = 10) -> RunContext:
 def _start(config, tiny_data):
     """A prepared run whose clients have received the set-up broadcast (round 0 next)."""
     run = prepare(config, dataset=tiny_data)
-    if run.first_broadcast is not None:
-        for client in run.clients:
-            run.algorithm.receive(client, run.first_broadcast)
+    run.loop().start(run.first_broadcast)
     return run
 
 
 def _round(run, t: int) -> dict:
-    torch.manual_seed(t)
-    return _train_round(run, t, dict.fromkeys(PHASES, 0.0))
+    """Round t through the engine: its history row, with the server's round metrics."""
+    return run.loop().round(t)
 
 
 # ---- FedTGP ------------------------------------------------------------------------------

@@ -61,3 +61,28 @@ def test_a_repeated_run_is_counted_once_at_its_full_length():
     blocks = cm.repeated_blocks({"a.py": a, "b.py": b, "c.py": short})
     assert blocks == [{"lines": 8, "a": "a.py:2-9", "b": "b.py:2-9"}]
     assert cm.repeated_blocks({"a.py": a}) == []
+
+
+def test_an_upward_import_is_found_and_the_package_has_none():
+    trees = {
+        "fedtsp/algorithms/x.py": ast.parse("from fedtsp.simulation import run_experiment\n"),
+        "fedtsp/engine/y.py": ast.parse("from fedtsp import config, flower\nimport fedtsp.data\n"),
+        "fedtsp/config.py": ast.parse("def f():\n    from fedtsp import cli\n"),  # in a function
+    }
+    assert cm.upward_imports(trees) == [
+        "fedtsp/algorithms/x.py:1 imports fedtsp.simulation",
+        "fedtsp/engine/y.py:1 imports fedtsp.flower",
+    ]
+    package = {
+        str(p.relative_to(REPO)): ast.parse(p.read_text()) for p in (REPO / "fedtsp").rglob("*.py")
+    }
+    assert cm.upward_imports(package) == []
+    units = {p.stem if p.is_file() else p.name for p in (REPO / "fedtsp").iterdir()}
+    units = {u for u in units if not u.startswith((".", "_")) or u in ("__init__", "__main__")}
+    placed = {u for layer in cm.LAYERS.values() for u in layer}
+    code = {
+        u
+        for u in units
+        if (REPO / "fedtsp" / f"{u}.py").exists() or (REPO / "fedtsp" / u / "__init__.py").exists()
+    }
+    assert code <= placed, f"units in no layer: {sorted(code - placed)}"

@@ -39,12 +39,40 @@ def test_flower_simulation_equals_in_process_simulator(tmp_path, tiny_data, algo
     assert again["cache_hit"] is True and again["history"] == flower["history"]
 
 
+# One method of each kind, in the settings where the kind's Flower path differs.
+KINDS = {
+    "head-sharing": ("fedgh", "htfl"),
+    "shared-model": ("fedkd", "htfl"),  # its client half once read server state
+    "generator": ("fedgen", "htfl"),
+    "homogeneous, global model": ("fedavg", "gfl"),
+    "homogeneous, fine-tuned": ("fedavg-ft", "pfl"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_every_kind_of_method_runs_on_flower_as_in_the_simulator(tmp_path, tiny_data, kind):
+    algorithm, setting = KINDS[kind]
+    family = "homo-cpu" if setting != "htfl" else tiny_config().family
+    config = tiny_config(algorithm=algorithm, setting=setting, family=family, rounds=2)
+    sim = run_experiment(config, dataset=tiny_data, out=tmp_path / "sim", progress=False)
+    flower = run_flower(config, engine="flower-sim", dataset=tiny_data, out=tmp_path / "fl")
+    assert _rows(flower["history"]) == _rows(sim["history"])
+    assert flower["summary"] == sim["summary"]  # gfl / pfl summaries included
+    if setting == "gfl":
+        assert all(0 < row["gfl_acc"] <= 1 for row in flower["history"])
+
+
 def test_bad_engine_input_fails_before_any_work(tmp_path, tiny_data):
     with pytest.raises(ConfigError, match="engine='ray'"):
         prepare_workdir(tiny_config(), tiny_data, tmp_path, out=tmp_path, engine="ray")
-    with pytest.raises(ConfigError, match="fedkd"):
+    with pytest.raises(ConfigError, match="on_failure='retry'"):
         prepare_workdir(
-            tiny_config(algorithm="fedkd"), tiny_data, tmp_path, out=tmp_path, engine="flower-sim"
+            tiny_config(),
+            tiny_data,
+            tmp_path,
+            out=tmp_path,
+            engine="flower-sim",
+            on_failure="retry",
         )
     assert not list(tmp_path.glob("node-*.npz"))
 
@@ -120,3 +148,18 @@ def test_killed_supernode_is_reported_and_recorded_rounds_are_kept(tmp_path, tin
     assert saved["status"] == "failed" and saved["failures"][0]["client"] == 1
     assert _rows(saved["history"]) == _rows(sim["history"][:1])  # round 0 is kept, exact
     assert not (out / f"{run['key']}.json").exists()  # never served as a finished run
+
+
+def test_an_interrupted_flower_run_resumes_to_the_simulators_history(tmp_path, tiny_data):
+    # FedGen: server state (its generator), client state and a message pending at the cut.
+    config = tiny_config(algorithm="fedgen", rounds=3)
+    sim = run_experiment(config, dataset=tiny_data, out=tmp_path / "sim", progress=False)
+    kwargs = {"engine": "flower-sim", "dataset": tiny_data, "out": tmp_path / "fl"}
+    cut = run_flower(config, stop_after=2, **kwargs)
+    assert cut["interrupted_after_round"] == 1 and len(cut["history"]) == 2
+    with pytest.raises(FileExistsError, match="--resume"):
+        run_flower(config, **kwargs)  # refused before any work; the checkpoint survives
+    resumed = run_flower(config, resume=True, **kwargs)
+    assert resumed["status"] == "complete"
+    assert _rows(resumed["history"]) == _rows(sim["history"])
+    assert not list((tmp_path / "fl" / "checkpoints").glob("*.pt"))  # done: removed

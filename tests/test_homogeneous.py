@@ -9,7 +9,6 @@ import pytest
 import torch
 from conftest import LATER_FIELDS, key_before_fields, tiny_config
 
-import fedtsp.simulation as sim
 from fedtsp.algorithms.fedavg import MODEL_PREFIX
 from fedtsp.algorithms.fedetf import simplex_etf
 from fedtsp.config import ConfigError, RunConfig
@@ -24,15 +23,14 @@ def homo_config(algorithm: str, setting: str = "gfl", **changes):
 def started(config, data):
     """A prepared run whose clients have received the first broadcast (as round 0 sees it)."""
     run = prepare(config, dataset=data)
-    for client in run.clients if run.first_broadcast is not None else []:
-        run.algorithm.receive(client, run.first_broadcast)
+    run.loop().start(run.first_broadcast)
     return run
 
 
 def train_rounds(run, rounds: int) -> None:
+    loop = run.loop()
     for t in range(rounds):
-        sim.seed_everything(sim.derive_seed(run.config.seed, t))
-        sim._train_round(run, t, {})
+        loop.round(t)
 
 
 def same_state(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -162,18 +162,18 @@ def test_bf16_autocast_path_runs(tmp_path, tiny_data):
 
 
 def test_crash_mid_run_resumes_from_sparse_checkpoint(tmp_path, tiny_data, monkeypatch):
-    import fedtsp.simulation as sim
+    from fedtsp.engine.loop import RoundLoop
 
     config = tiny_config(algorithm="fedproto", rounds=4)
     whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
-    original = sim._train_round
+    original = RoundLoop.round
 
-    def crash_in_round_3(run, t, timings):
+    def crash_in_round_3(loop, t):
         if t == 3:
             raise KeyboardInterrupt  # the process dies while training round 3
-        return original(run, t, timings)
+        return original(loop, t)
 
-    monkeypatch.setattr(sim, "_train_round", crash_in_round_3)
+    monkeypatch.setattr(RoundLoop, "round", crash_in_round_3)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(
             config, dataset=tiny_data, out=tmp_path / "cut", progress=False, checkpoint_every=2
@@ -181,7 +181,7 @@ def test_crash_mid_run_resumes_from_sparse_checkpoint(tmp_path, tiny_data, monke
     assert not (tmp_path / "cut" / f"{whole['key']}.json").exists()  # no partial record
     saved = torch.load(tmp_path / "cut" / "checkpoints" / f"{whole['key']}.pt", weights_only=False)
     assert saved["round"] == 1  # rounds 0-1 checkpointed; round 2 is repeated on resume
-    monkeypatch.setattr(sim, "_train_round", original)
+    monkeypatch.setattr(RoundLoop, "round", original)
     resumed = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
     )

@@ -1,19 +1,26 @@
 """The algorithm interface: the few hooks in which federated methods differ.
 
-A method is one subclass holding only what makes it different. The simulator (and the
-Flower adapter) drive every method the same way, once per round:
+A method is one subclass holding only what makes it different. Its hooks form two halves
+that share nothing but messages: the engine (:mod:`fedtsp.engine.loop`) calls the server
+half (``setup``, ``aggregate``, ``configure``, ``round_metrics``, ``artifacts``,
+``state_dict``) on one object and the client half (``client_parameters``,
+``prepare_evaluation``, ``predict``, ``train_loss`` / ``local_loss``, ``before_step``,
+``upload``, ``receive``) on another, once per round:
 
-    evaluate (predict) -> local training (train_loss, with local_loss as the usual extra
-    term; before_step between each backward pass and optimiser step) -> upload ->
-    server_step -> receive
+    client: evaluate (predict) -> local training (train_loss, with local_loss as the usual
+    extra term; before_step between each backward pass and optimiser step) -> upload
+    server: aggregate -> configure (one message per client) -> client: receive
+
+A client hook may read the method's options, the run context and the client (its
+``state`` and ``round``), never what a server hook set on ``self``.
 
 Defaults: a baseline's options default to what produced the paper's Table 1 (the authors'
 scripts and their fork of HtFLlib), its own paper's variant being an option; FedTSP's
 default to its paper, the authors' code choices being options. ``revision`` is bumped when
 that changes what a method's earlier records mean.
 
-Messages are plain ``dict[str, Tensor]``. Server state lives on the algorithm object
-(``state_dict``), per-client state lives in ``client.state`` so that both can be
+Messages are plain ``dict[str, Tensor]``. Server state lives on the server's algorithm
+object (``state_dict``), per-client state lives in ``client.state`` so that both can be
 checkpointed and moved to another process.
 """
 
@@ -131,8 +138,21 @@ class Algorithm:
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        """Aggregate the uploads of one round; return the broadcast."""
+        """Aggregate the uploads of one round (client order); return the one broadcast for
+        every client. Methods that send each client its own message override ``aggregate``
+        and ``configure`` instead."""
         return {}
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        """Fold one round's uploads (client id -> upload, in client order) into the server
+        state; by default through ``server_step``."""
+        self._pending_broadcast = self.server_step(list(uploads.values()), round_index)
+
+    def configure(self, round_index: int, client_ids: list[int]) -> dict[int, Message]:
+        """The message each client receives before round ``round_index``: what the last
+        ``aggregate`` computed (it draws no randomness, so the engine may call it anywhere)."""
+        broadcast = getattr(self, "_pending_broadcast", {})
+        return dict.fromkeys(client_ids, broadcast)
 
     def round_metrics(self) -> dict[str, float]:
         """Scalars the server wants in this round's history (e.g. its own loss)."""

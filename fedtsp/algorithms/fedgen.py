@@ -34,6 +34,9 @@ training forward passes (no extra pass) and uploads it with its head. FedGen's c
 also decay the term's weight over rounds; like HtFLlib, ``gen_weight`` stays constant.
 
 Revision 1 (run keys): the defaults were the trained, unbounded generator with Gaussian noise.
+Revision 2: the engine's seeding rule (each client's training draws from (seed, round,
+client), the server step from (seed, round)) changed the noise and label draws, which had
+followed the previous clients' draws in the same process; now every engine draws alike.
 """
 
 from __future__ import annotations
@@ -139,7 +142,7 @@ def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
 class FedGen(Algorithm):
     name = "fedgen"
     Options = FedGenOptions
-    revision = 1
+    revision = 2
 
     def setup(self, clients: list[Client]) -> Message:
         opts = self.opts

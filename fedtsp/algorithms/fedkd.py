@@ -177,7 +177,6 @@ class FedKD(Algorithm):
                 # W_h: maps the mentee's features into the mentor's feature space.
                 client.state["hidden_proj"] = nn.Linear(d, d, bias=False).to(self.ctx.device)
                 client.state["reference"] = {k: v.clone() for k, v in initial.items()}
-        self.next_round = 0
         self.last_metrics: dict[str, float] = {}
         return None  # every mentee starts identical; nothing to send
 
@@ -222,8 +221,8 @@ class FedKD(Algorithm):
     def upload(self, client: Client) -> Message:
         weights = shared_weights(client.state["shared"])
         reference = client.state["reference"]
-        update = {name: weights[name] - reference[name] for name in self.shapes}
-        message = encode_update(update, self._energy_or_none(self.next_round))
+        update = {name: weights[name] - ref for name, ref in reference.items()}
+        message = encode_update(update, self._energy_or_none(client.round))
         return upload_with_count(client, message, self.opts.weighting)
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
@@ -236,12 +235,11 @@ class FedKD(Algorithm):
             "upload_ratio": up / self.dense_bytes,
             "download_ratio": message_bytes(broadcast) / self.dense_bytes,
         }
-        self.next_round = round_index + 1
         return broadcast
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        update = decode_update(broadcast, self.shapes)
         reference = client.state["reference"]
+        update = decode_update(broadcast, {name: ref.shape for name, ref in reference.items()})
         for name, delta in update.items():
             reference[name] = reference[name] + delta.to(reference[name].device)
         load_shared_weights(client.state["shared"], reference)
@@ -254,8 +252,7 @@ class FedKD(Algorithm):
         return {"global_prototypes": class_mean_features(mentee, self.clients)}
 
     def state_dict(self) -> dict:
-        return {"next_round": self.next_round, "last_metrics": self.last_metrics}
+        return {"last_metrics": self.last_metrics}
 
     def load_state_dict(self, state: dict) -> None:
-        self.next_round = state["next_round"]
         self.last_metrics = state["last_metrics"]

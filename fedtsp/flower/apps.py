@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -26,6 +27,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedtsp.algorithms import Message as AlgoMessage
+from fedtsp.engine.client_round import ClientReply, RoundWork
+from fedtsp.engine.loop import RoundLoop
 from fedtsp.flower.core import (
     ClientFailureError,
     Failure,
@@ -36,8 +39,6 @@ from fedtsp.flower.core import (
     message_to_arrays,
     to_bytes,
 )
-from fedtsp.seeding import derive_seed, seed_everything
-from fedtsp.simulation import global_eval_due
 
 log = logging.getLogger("fedtsp.flower")
 
@@ -129,121 +130,168 @@ def _wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
         time.sleep(0.5)
 
 
+class FlowerTransport:
+    """The engine's transport over a Flower Grid: one message per node per round; the
+    server's messages for round t + 1 travel with round t + 1's request."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        targets: dict[int, int],
+        init: dict[int, ConfigRecord],
+        device: Any,
+        timeout: float,
+        on_failure: str,
+        state_due: Callable[[int], bool],
+    ) -> None:
+        self.grid, self.targets, self.init = grid, targets, init
+        self.device, self.timeout, self.on_failure = device, timeout, on_failure
+        self.state_due = state_due  # rounds after which every node sends its state
+        self.pending: dict[int, AlgoMessage] = {}
+        self.failures: list[Failure] = []
+        self.states: dict[int, bytes] = {}  # each node's state after the last such round
+
+    def deliver(self, messages: dict[int, AlgoMessage]) -> float:
+        self.pending = dict(messages)
+        return 0.0
+
+    def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
+        records: dict[int, ArrayRecord] = {}  # one record per distinct message object
+        contents = {}
+        for i in self.targets:
+            message = self.pending.get(i)
+            if id(message) not in records:
+                records[id(message)] = _arrays(message)
+            spec = {
+                "round": work.round,
+                "train": work.train,
+                "global_eval": work.global_eval,
+                "gfl_client": -1 if work.gfl_client is None else work.gfl_client,
+                # receive() runs after every server step, before round 0 only if set-up sent one
+                "has_broadcast": message is not None,
+                "send_state": self.state_due(work.round),
+            }
+            content = {"broadcast": records[id(message)], "round": ConfigRecord(spec)}
+            if i in self.init:  # the first round also ships the client's initial state
+                content["init"] = self.init[i]
+            contents[i] = RecordDict(content)
+        kind = "train" if work.train else "evaluate"
+        replies, failed = _exchange(
+            self.grid, self.targets, contents, kind, str(work.round), self.timeout
+        )
+        self.pending, self.init = {}, {}  # shipped; free the memory
+        for index, reason in sorted(failed.items()):
+            failure = Failure(index, self.targets.pop(index), work.round, reason)
+            self.failures.append(failure)
+            log.error("%s", failure.sentence())
+        if failed and (self.on_failure == "stop" or not self.targets):
+            raise _StopRun
+        for i, reply in replies.items():
+            if "state" in reply.content:
+                self.states[i] = bytes(reply.content["state"]["blob"])
+        return {
+            i: ClientReply.from_json(
+                json.loads(str(r.content["reply"]["json"])),
+                _message_from(r.content["upload"], self.device) if "upload" in r.content else None,
+            )
+            for i, r in replies.items()
+        }
+
+
+class _StopRun(Exception):
+    """Clients failed and the failure policy ends the run."""
+
+
+class _Interrupted(Exception):
+    """The run ends early on purpose (run.json's stop_after); its checkpoint stays."""
+
+
+def _handshake(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
+    """Which node holds which client: each node names its partition-id."""
+    nodes = _wait_for_nodes(grid, num_clients, CONNECT_TIMEOUT)
+    hello = {n: RecordDict() for n in nodes}
+    replies, failed = _exchange(grid, {n: n for n in nodes}, hello, "query.hello", "hello", timeout)
+    if failed:
+        raise ClientFailureError(f"SuperNodes did not answer the handshake: {failed}")
+    targets: dict[int, int] = {}
+    for node, reply in replies.items():
+        index = int(reply.content["node"]["partition-id"])
+        if not 0 <= index < num_clients or index in targets:
+            raise ClientFailureError(
+                f"node {node} reports partition-id={index}; each of 0..{num_clients - 1} "
+                "must be held by exactly one SuperNode"
+            )
+        targets[index] = node
+    missing = sorted(set(range(num_clients)) - set(targets))
+    if missing:
+        raise ClientFailureError(f"no SuperNode holds client(s) {missing}")
+    log.info("nodes: %s", {i: targets[i] for i in sorted(targets)})
+    return targets
+
+
 def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     """The ServerApp's body: set up, map nodes to clients, run every round, write the record."""
     wall_start = time.perf_counter()
     loop = ServerLoop(Path(workdir))
     cfg, run = loop.config, loop.run
     timeout = float(run["round_timeout"])
-    nodes = _wait_for_nodes(grid, cfg.num_clients, CONNECT_TIMEOUT)
-
-    # Which node holds which client: each node names its partition-id.
-    hello = {n: RecordDict() for n in nodes}
-    by_self = {n: n for n in nodes}
-    replies, failed = _exchange(grid, by_self, hello, "query.hello", "hello", timeout)
-    if failed:
-        raise ClientFailureError(f"SuperNodes did not answer the handshake: {failed}")
-    targets: dict[int, int] = {}
-    for node, reply in replies.items():
-        index = int(reply.content["node"]["partition-id"])
-        if not 0 <= index < cfg.num_clients or index in targets:
-            raise ClientFailureError(
-                f"node {node} reports partition-id={index}; each of 0..{cfg.num_clients - 1} "
-                "must be held by exactly one SuperNode"
-            )
-        targets[index] = node
-    missing = sorted(set(range(cfg.num_clients)) - set(targets))
-    if missing:
-        raise ClientFailureError(f"no SuperNode holds client(s) {missing}")
-    log.info("nodes: %s", {i: targets[i] for i in sorted(targets)})
-
+    targets = _handshake(grid, cfg.num_clients, timeout)
     run_json = json.dumps(run)
+    saved = loop.resume_state()
+    blobs = dict(enumerate(loop.initial_blobs)) if saved is None else saved["clients"]
+    init = {i: ConfigRecord({"run": run_json, "blob": blob}) for i, blob in blobs.items()}
+    loop.initial_blobs = []
+    transport = FlowerTransport(
+        grid, targets, init, cfg.device, timeout, run["on_failure"], loop.checkpoint_due
+    )
+    rounds = RoundLoop(loop.algorithm, transport, cfg, sorted(targets))
+    if saved is None:
+        start, history = 0, []
+        rounds.start(loop.first_broadcast)
+    else:
+        start, history = saved["round"] + 1, saved["history"]
+        transport.pending = saved["pending"]
+        log.info("resuming run %s after round %d", run["key"], saved["round"])
+    nodes = {"nodes": {str(i): targets[i] for i in sorted(targets)}}
 
-    history: list[dict[str, Any]] = []
-    failures: list[Failure] = []
-    broadcast = loop.first_broadcast
-    extra = {"nodes": {str(i): targets[i] for i in sorted(targets)}}
-    for t in range(cfg.rounds + 1):
-        round_start = time.perf_counter()
-        seed_everything(derive_seed(cfg.seed, t))
-        train = t < cfg.rounds
-        due = global_eval_due(cfg, t)
-        content = RecordDict(
-            {
-                "broadcast": _arrays(broadcast),
-                "round": ConfigRecord(
-                    {
-                        "round": t,
-                        "train": train,
-                        "global_eval": due,
-                        # The simulator calls receive() after every server step, even with
-                        # an empty broadcast, but before round 0 only if set-up sent one.
-                        "has_broadcast": broadcast is not None,
-                    }
-                ),
-            }
-        )
-        contents = dict.fromkeys(targets, content)
-        if t == 0:  # round 0 also ships each client's initial state (one message fewer)
-            contents = {
-                i: RecordDict(
-                    dict(content.items())
-                    | {"init": ConfigRecord({"run": run_json, "blob": loop.initial_blobs[i]})}
-                )
-                for i in targets
-            }
-        replies, failed = _exchange(
-            grid, targets, contents, "train" if train else "evaluate", str(t), timeout
-        )
-        loop.initial_blobs = []  # shipped; free the memory
-        for index, reason in sorted(failed.items()):
-            failure = Failure(index, targets.pop(index), t, reason)
-            failures.append(failure)
-            log.error("%s", failure.sentence())
-        extra["failures"] = [vars(f) for f in failures]
-        if failed and (run["on_failure"] == "stop" or not targets):
-            _stop(loop, history, extra, failures, wall_start)
-        decoded = {i: json.loads(str(r.content["reply"]["json"])) for i, r in replies.items()}
-        uploads = {
-            i: _message_from(r.content["upload"], cfg.device)
-            for i, r in replies.items()
-            if "upload" in r.content
-        }
-        try:
-            row, broadcast = loop.round_row(t, decoded, uploads)
-        except Exception as exc:
-            if not failures:
-                raise
-            failures.append(Failure(-1, -1, t, f"the server step failed without them: {exc}"))
-            extra["failures"] = [vars(f) for f in failures]
-            _stop(loop, history, extra, failures, wall_start)
-        if failures:
-            row["clients"] = sorted(decoded)
-        row["wall"] = time.perf_counter() - round_start
-        history.append(row)
-        loop.save_incomplete(loop.record(history, "running", extra))
+    def extra() -> dict[str, Any]:
+        return nodes | {"failures": [vars(f) for f in transport.failures]}
+
+    def keep(t: int, row: dict[str, Any]) -> None:
+        if loop.checkpoint_due(t) and not transport.failures:
+            begin = time.perf_counter()
+            loop.save_checkpoint(t, transport.states, transport.pending, history)
+            row["timings"]["checkpoint"] = time.perf_counter() - begin
+        wall = time.perf_counter() - wall_start
+        status = "interrupted" if run["stop_after"] == t + 1 else "running"
+        loop.save_incomplete(loop.record(history, status, extra(), wall))
         log.info("round %d: acc %.4f", t, row["acc"])
+        if status == "interrupted":
+            raise _Interrupted
 
+    try:
+        rounds.run(start, cfg.rounds + 1, history, keep)
+    except _Interrupted:
+        return loop.record(history, "interrupted", extra(), time.perf_counter() - wall_start)
+    except Exception as exc:
+        if not transport.failures:
+            raise
+        if not isinstance(exc, _StopRun):
+            reason = f"the server step failed without them: {exc}"
+            transport.failures.append(Failure(-1, -1, len(history), reason))
+        _stop(loop, history, extra(), transport.failures, wall_start)
+
+    failures = transport.failures
     status = "complete_with_failures" if failures else "complete"
-    record = loop.record(history, status, extra | {"timings": _totals(history, wall_start)})
+    record = loop.record(history, status, extra(), time.perf_counter() - wall_start)
     if failures:
         # Not the config's nominal result: kept beside the store, never served as a cache hit.
         loop.save_incomplete(record)
     else:
         loop.store.save(record, loop.artifacts())
         loop.incomplete_path().unlink(missing_ok=True)
+        loop.store.checkpoint_path(run["key"]).unlink(missing_ok=True)
     return record
-
-
-def _totals(history: list[dict[str, Any]], wall_start: float) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    for row in history:
-        for name, seconds in row["timings"].items():
-            totals[name] = totals.get(name, 0.0) + seconds
-    return totals | {
-        "wall": time.perf_counter() - wall_start,
-        "rounds_wall": sum(row["wall"] for row in history),
-    }
 
 
 def _stop(
@@ -259,9 +307,8 @@ def _stop(
         f"(on_failure={loop.run['on_failure']}); the {len(history)} round(s) evaluated so far "
         f"are kept in {loop.incomplete_path()}"
     )
-    record = loop.record(
-        history, "failed", extra | {"error": message, "timings": _totals(history, wall_start)}
-    )
+    wall = time.perf_counter() - wall_start
+    record = loop.record(history, "failed", extra | {"error": message}, wall)
     loop.save_incomplete(record)
     raise ClientFailureError(message)
 
@@ -342,17 +389,21 @@ def make_apps(workdir: str | Path | None = None) -> tuple[ServerApp, ClientApp]:
     def _round(msg: Message, context: Context) -> Message:
         node = _init(msg, context) if "init" in msg.content else _node_runtime(context)
         spec = msg.content["round"]
-        broadcast = _message_from(msg.content["broadcast"], node.config.device)
-        reply, upload = node.round(
-            int(spec["round"]),
-            broadcast if spec["has_broadcast"] else None,
-            bool(spec["train"]),
-            bool(spec["global_eval"]),
+        gfl_client = int(spec["gfl_client"])
+        work = RoundWork(
+            round=int(spec["round"]),
+            train=bool(spec["train"]),
+            global_eval=bool(spec["global_eval"]),
+            gfl_client=None if gfl_client < 0 else gfl_client,
         )
+        message = _message_from(msg.content["broadcast"], node.config.device)
+        reply = node.round(work, message if spec["has_broadcast"] else None)
         _persist(context, node)
-        content = RecordDict({"reply": ConfigRecord({"json": json.dumps(reply)})})
-        if spec["train"]:
-            content["upload"] = _arrays(upload)
+        content = RecordDict({"reply": ConfigRecord({"json": json.dumps(reply.to_json())})})
+        if work.train:
+            content["upload"] = _arrays(reply.upload)
+        if spec["send_state"]:  # for the server's checkpoint
+            content["state"] = ConfigRecord({"blob": node.blob()})
         return Message(content, reply_to=msg)
 
     client.train()(_round)

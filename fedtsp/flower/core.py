@@ -6,18 +6,18 @@ A Flower run is split the way a real federation is:
   ``run.json`` (config, dataset facts, the run's key), ``server.npz`` (each client's label
   vector, which some methods' set-up reads; never images) and one ``node-<i>.npz`` per
   client with that client's train/test images: the partition handed to each node;
-* the server (:class:`ServerLoop`, run inside Flower's ServerApp) owns the algorithm object
-  and its state (e.g. FedTSP's text encoder and prompts), builds every client's initial
-  model exactly as the in-process simulator does, ships it to its node once, then drives
-  the rounds: evaluate -> train -> upload on the nodes, server step on the server;
-* a node (:class:`NodeRuntime`, run inside Flower's ClientApp) holds one client: its data,
-  model, optimiser and algorithm state, kept in the node's Flower ``Context.state`` between
-  rounds (and cached in memory while the same process serves the node).
+* the server (:class:`ServerLoop`, run inside Flower's ServerApp) owns the method's server
+  half and its state (e.g. FedTSP's text encoder and prompts), builds every client's
+  initial model exactly as the in-process simulator does and ships it to its node once;
+  the rounds are the engine's :class:`fedtsp.engine.loop.RoundLoop`, the simulator's;
+* a node (:class:`NodeRuntime`, run inside Flower's ClientApp) holds one client and the
+  method's client half: data, model, optimiser and client state, kept in the node's Flower
+  ``Context.state`` between rounds (and cached while the same process serves the node).
 
-Seeding follows :func:`fedtsp.simulation.run_experiment`: the global RNG is reseeded with
-``derive_seed(seed, t)`` at the start of round t (on the server and on every node) and each
-client's batch order comes from ``derive_seed(seed, t, i)``, so per-round accuracies equal
-the simulator's whenever local training draws nothing from the global RNG (no dropout).
+Seeding is the simulator's: the global RNG is reseeded with ``derive_seed(seed, t)`` at the
+start of round t (on the server and on every node) and each client's batch order comes from
+``derive_seed(seed, t, i)``, so per-round accuracies equal the simulator's whenever local
+training draws nothing from the global RNG (no dropout).
 """
 
 from __future__ import annotations
@@ -33,35 +33,38 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Algorithm, Message, RunContext, get_algorithm, resolve_options
+from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
 from fedtsp.atomic import atomic_write_bytes
 from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import ImageDataset, device_images
-from fedtsp.models.families import build_client_model
-from fedtsp.paths import portable_path
-from fedtsp.results import RECORD_VERSION, RunStore, code_version, json_default, summarize_history
-from fedtsp.runspec import check_run, run_key
-from fedtsp.seeding import derive_seed, seed_everything
-from fedtsp.simulation import (
-    PHASES,
-    autocast_factory,
-    client_batching,
+from fedtsp.engine.build import (
+    client_model,
     global_test_indices,
-    message_nbytes,
+    make_client,
     partition_dataset,
     resolve_feature_dim,
-    seed_client_model,
+    run_context,
 )
+from fedtsp.engine.client_round import (
+    ClientReply,
+    RoundWork,
+    evaluate_client,
+    receive_client,
+    train_client,
+    upload_client,
+)
+from fedtsp.engine.loop import checkpoint_due, round_work
+from fedtsp.engine.record import federated_record
+from fedtsp.paths import portable_path
+from fedtsp.results import RunStore, json_default
+from fedtsp.runspec import check_run, run_key
+from fedtsp.seeding import derive_seed, seed_everything
 
 log = logging.getLogger("fedtsp.flower")
 
 ENGINES = ("flower-sim", "flower-processes")
 FAILURE_POLICIES = ("stop", "continue")
-# FedKD's client hooks read server-side attributes (the update shapes set up on the server,
-# the round counter advanced by its server step), which a node's copy of the algorithm
-# does not have; every other method's client side reads only its options and client.state.
-UNSUPPORTED = {"fedkd": "its client hooks read server-side state (update shapes, round)"}
 
 
 class ClientFailureError(RuntimeError):
@@ -102,14 +105,6 @@ def engine_key(config: RunConfig, dataset_checksum: str, engine: str) -> str:
     return run_key(config, {"dataset_checksum": dataset_checksum, "engine": engine})
 
 
-def check_supported(config: RunConfig) -> None:
-    if config.algorithm in UNSUPPORTED:
-        raise ConfigError(
-            f"algorithm={config.algorithm!r} cannot run on Flower yet: "
-            f"{UNSUPPORTED[config.algorithm]}; use --engine simulator"
-        )
-
-
 def prepare_workdir(
     config: RunConfig,
     dataset: ImageDataset,
@@ -119,8 +114,15 @@ def prepare_workdir(
     engine: str,
     on_failure: str = "stop",
     round_timeout: float = 3600.0,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Write run.json, server.npz and node-<i>.npz; return run.json's content."""
+    """Write run.json, server.npz and node-<i>.npz; return run.json's content.
+
+    ``resume``: continue from the run's checkpoint, if there is one. ``stop_after``: end
+    the run after that many rounds, as an interruption would (the checkpoint stays).
+    """
 
     if engine not in ENGINES:
         raise ConfigError(f"engine={engine!r} is invalid; choose one of {', '.join(ENGINES)}")
@@ -130,13 +132,9 @@ def prepare_workdir(
         )
     if not round_timeout > 0:
         raise ConfigError(f"round_timeout={round_timeout} is invalid; must be > 0 seconds")
+    if checkpoint_every < 1:
+        raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
     check_run(config)
-    check_supported(config)
-    if getattr(config, "setting", "htfl") == "gfl":
-        raise ConfigError(
-            "setting='gfl' cannot run on Flower yet (its global-model evaluation is "
-            "simulator-only); use --engine simulator"
-        )
     algorithm_cls = get_algorithm(config.algorithm)
     options = resolve_options(config.algorithm, config.algo_options)
     feature_dim = resolve_feature_dim(config, algorithm_cls, options)
@@ -144,7 +142,7 @@ def prepare_workdir(
     workdir.mkdir(parents=True, exist_ok=True)
     images, labels, partition = partition_dataset(config, dataset)
 
-    due_global = config.global_eval_every > 0
+    global_idx = global_test_indices(config, dataset)
     for i in range(config.num_clients):
         tr, te = partition.client_train[i], partition.client_test[i]
         arrays = {
@@ -153,9 +151,13 @@ def prepare_workdir(
             "test_x": images[te],
             "test_y": labels[te],
         }
-        if due_global:
-            idx = global_test_indices(config, dataset)
-            arrays |= {"global_x": dataset.test_images[idx], "global_y": dataset.test_labels[idx]}
+        # The global test set goes where it is scored: every node (global_eval_every), or
+        # client 0, whose copy is the global model after every broadcast (gfl).
+        if config.global_eval_every > 0 or round_work(config, 0).gfl_client == i:
+            arrays |= {
+                "global_x": dataset.test_images[global_idx],
+                "global_y": dataset.test_labels[global_idx],
+            }
         _save_npz(workdir / f"node-{i}.npz", arrays)
     _save_npz(
         workdir / "server.npz",
@@ -178,6 +180,9 @@ def prepare_workdir(
         "out": str(Path(out).resolve()),
         "on_failure": on_failure,
         "round_timeout": float(round_timeout),
+        "resume": bool(resume),
+        "checkpoint_every": int(checkpoint_every),
+        "stop_after": stop_after,
     }
     atomic_write_bytes(workdir / "run.json", json.dumps(run, indent=1, default=str).encode())
     return run
@@ -196,31 +201,12 @@ def load_run(workdir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def _run_context(run: dict[str, Any], config: RunConfig) -> RunContext:
-    ctx = RunContext(
-        dataset=config.dataset,
-        class_names=list(run["dataset"]["classes"]),
-        feature_dim=run["feature_dim"],
-        num_clients=config.num_clients,
-        rounds=config.rounds,
-        device=torch.device(config.device),
-        seed=config.seed,
-    )
-    if hasattr(config, "setting") and hasattr(ctx, "setting"):
-        ctx.setting = config.setting
-    return ctx
-
-
 def _build_model(run: dict[str, Any], config: RunConfig, index: int) -> torch.nn.Module:
     meta = run["dataset"]
-    return build_client_model(
-        config.family,
-        index,
-        len(meta["classes"]),
-        feature_dim=run["feature_dim"],
-        in_channels=meta["channels"],
-        image_size=meta["image_size"],
-    ).to(config.device)
+    classes = len(meta["classes"])
+    return client_model(
+        config, index, classes, run["feature_dim"], meta["channels"], meta["image_size"]
+    )
 
 
 def _client_blob(client: Client) -> bytes:
@@ -278,7 +264,6 @@ class ServerLoop:
         empty = torch.zeros(0, meta["channels"], meta["image_size"], meta["image_size"])
         clients = []
         for i in range(cfg.num_clients):
-            seed_client_model(cfg)
             model = _build_model(self.run, cfg, i)
             train_y = torch.from_numpy(labels[f"train_y_{i}"]).long().to(device)
             clients.append(
@@ -292,7 +277,8 @@ class ServerLoop:
                     len(meta["classes"]),
                 )
             )
-        self.algorithm = get_algorithm(cfg.algorithm)(options, _run_context(self.run, cfg))
+        context = run_context(cfg, meta["classes"], self.run["feature_dim"])
+        self.algorithm = get_algorithm(cfg.algorithm)(options, context)
         self.first_broadcast = self.algorithm.setup(clients)
         self.initial_blobs = [_client_blob(c) for c in clients]
 
@@ -303,80 +289,59 @@ class ServerLoop:
     def incomplete_path(self) -> Path:
         return Path(self.run["out"]) / "incomplete" / f"{self.run['key']}.json"
 
-    # The record has the simulator's layout plus the engine, nodes and failures.
-    def record(self, history: list[dict], status: str, extra: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.config
-        return {
-            "record_version": RECORD_VERSION,
-            "key": self.run["key"],
-            "status": status,
-            "engine": self.run["engine"],
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "config": cfg.to_dict(),
-            "algo_options": vars(self.algorithm.opts).copy(),
-            "seed": cfg.seed,
-            "feature_dim": self.run["feature_dim"],
-            **code_version(),
-            "environment": {
-                "torch": torch.__version__,
-                "flwr": _flwr_version(),
-                "device": str(cfg.device),
-                "threads": torch.get_num_threads(),
-            },
-            "dataset": {k: self.run["dataset"][k] for k in ("name", "source", "checksum")}
-            | {"classes": self.run["dataset"]["classes"]},
-            "partition": self.run["partition"],
+    def checkpoint_due(self, round_index: int) -> bool:
+        run = self.run
+        return checkpoint_due(self.config, round_index, run["checkpoint_every"], run["stop_after"])
+
+    def save_checkpoint(
+        self,
+        round_index: int,
+        client_blobs: dict[int, bytes],
+        pending: dict[int, Message],
+        history: list[dict[str, Any]],
+    ) -> None:
+        """The server's state, every node's state and the messages not yet received."""
+        state = {
+            "round": round_index,
+            "clients": client_blobs,
+            "algorithm": self.algorithm.state_dict(),
+            "pending": pending,
             "history": history,
-            "summary": summarize_history(history) if history else {},
-            **extra,
-            "cache_hit": False,
         }
+        self.store.save_checkpoint(self.run["key"], state)
+
+    def resume_state(self) -> dict[str, Any] | None:
+        """The checkpoint to continue from (run.json's ``resume`` and one exists), else None."""
+        key = self.run["key"]
+        if not self.run["resume"] or not self.store.checkpoint_path(key).exists():
+            return None
+        state = self.store.load_checkpoint(key, self.config.device)
+        self.algorithm.load_state_dict(state["algorithm"])
+        return state
+
+    def record(
+        self, history: list[dict], status: str, extra: dict[str, Any], wall_seconds: float
+    ) -> dict[str, Any]:
+        """The simulator's record plus the engine, its nodes and any failures."""
+        return federated_record(
+            key=self.run["key"],
+            status=status,
+            config=self.config,
+            algo_options=self.algorithm.opts,
+            feature_dim=self.run["feature_dim"],
+            dataset=self.run["dataset"],
+            partition=self.run["partition"],
+            history=history,
+            wall_seconds=wall_seconds,
+            environment={"flwr": _flwr_version()},
+            extra={"engine": self.run["engine"]} | extra,
+        )
 
     def save_incomplete(self, record: dict[str, Any]) -> Path:
         path = self.incomplete_path()
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
         return path
-
-    def round_row(
-        self, t: int, replies: dict[int, dict[str, Any]], uploads: dict[int, Message]
-    ) -> tuple[dict[str, Any], Message | None]:
-        """One history row from the nodes' replies (client order), plus the server step.
-
-        Mirrors fedtsp.simulation._evaluate_round / _train_round so rows are comparable.
-        """
-
-        order = sorted(replies)
-        evals = [replies[i]["eval"] for i in order]
-        total = sum(e["total"] for e in evals)
-        row: dict[str, Any] = {
-            "round": t,
-            "acc": sum(e["correct"] for e in evals) / total,
-            "top5": sum(e["correct_top5"] for e in evals) / total,
-            "test_loss": sum(e["loss_sum"] for e in evals) / total,
-            "client_acc": [round(e["correct"] / max(e["total"], 1), 6) for e in evals],
-        }
-        globals_ = [replies[i]["global_acc"] for i in order if "global_acc" in replies[i]]
-        if globals_:
-            row["global_acc"] = float(np.mean(globals_))
-        timings = dict.fromkeys(PHASES, 0.0) | {"model": 0.0}
-        for i in order:
-            for name, seconds in replies[i]["timings"].items():
-                timings[name] = timings.get(name, 0.0) + seconds
-        broadcast = None
-        if t < self.config.rounds:
-            ups = [uploads[i] for i in order]  # client order: float sums match the simulator
-            start = time.perf_counter()
-            broadcast = self.algorithm.server_step(ups, t)
-            timings["server"] = time.perf_counter() - start
-            row |= {
-                "train_loss": float(np.nanmean([replies[i]["train_loss"] for i in order])),
-                "bytes_up_per_client": float(np.mean([message_nbytes(u) for u in ups])),
-                "bytes_down_per_client": float(message_nbytes(broadcast)),
-                **self.algorithm.round_metrics(),
-            }
-        row["timings"] = timings
-        return row, broadcast
 
     def artifacts(self) -> dict[str, np.ndarray]:
         try:
@@ -423,20 +388,13 @@ class NodeRuntime:
             train_x, train_y = tensors("train")
             test_x, test_y = tensors("test")
             global_test = tensors("global") if "global_x" in arrays.files else None
+        classes = run["dataset"]["classes"]
         model = _build_model(run, cfg, index)
-        client = Client(
-            index,
-            model,
-            train_x,
-            train_y,
-            test_x,
-            test_y,
-            len(run["dataset"]["classes"]),
-            autocast=autocast_factory(cfg),
-            **client_batching(cfg),
-        )
+        client = make_client(cfg, index, model, (train_x, train_y), (test_x, test_y), len(classes))
         options = resolve_options(cfg.algorithm, cfg.algo_options)
-        algorithm = get_algorithm(cfg.algorithm)(options, _run_context(run, cfg))
+        algorithm = get_algorithm(cfg.algorithm)(
+            options, run_context(cfg, classes, run["feature_dim"])
+        )
         node = cls(cfg, client, algorithm, global_test)
         node.load_blob(blob)
         return node
@@ -456,51 +414,19 @@ class NodeRuntime:
     def blob(self) -> bytes:
         return _client_blob(self.client)
 
-    def round(
-        self, t: int, broadcast: Message | None, train: bool, global_eval: bool
-    ) -> tuple[dict[str, Any], Message]:
-        """receive -> evaluate -> (train -> upload), as one simulator round on this client."""
-        from fedtsp.clients import NonFiniteLossError
-
+    def round(self, work: RoundWork, message: Message | None) -> ClientReply:
+        """receive -> evaluate -> (train -> upload): this client's half of one round."""
         cfg, client, algo = self.config, self.client, self.algorithm
-        timings: dict[str, float] = {}
         model_before = client.model_seconds
-        start = time.perf_counter()
-        if broadcast is not None:
-            algo.receive(client, broadcast)
-        timings["broadcast"] = time.perf_counter() - start
-        seed_everything(derive_seed(cfg.seed, t))
-        start = time.perf_counter()
-        prepare = getattr(algo, "prepare_evaluation", None)
-        if prepare is not None:  # e.g. "-FT" methods fine-tune a head copy first
-            prepare(client, t)
-        result = client.evaluate(algo.predict, client.test_x, client.test_y)
-        reply: dict[str, Any] = {
-            "eval": {
-                "correct": result.correct,
-                "correct_top5": result.correct_top5,
-                "total": result.total,
-                "loss_sum": result.loss_sum,
-            }
-        }
-        if global_eval and self.global_test is not None:
-            gx, gy = self.global_test
-            reply["global_acc"] = client.evaluate(algo.predict, gx, gy).accuracy
-        timings["evaluate"] = time.perf_counter() - start
-        upload: Message = {}
-        if train:
-            generator = torch.Generator().manual_seed(derive_seed(cfg.seed, t, client.index))
+        received = 0.0 if message is None else receive_client(algo, client, message)
+        seed_everything(derive_seed(cfg.seed, work.round))  # as the server, every round
+        client.round = work.round
+        reply = evaluate_client(algo, client, work, self.global_test)
+        reply.timings["broadcast"] = received
+        if work.train:
             start = time.perf_counter()
-            try:
-                reply["train_loss"] = client.train(
-                    algo.train_loss, cfg.local_epochs, cfg.batch_size, generator, algo.before_step
-                )
-            except NonFiniteLossError as exc:
-                raise NonFiniteLossError(f"{exc} in round {t}; the run stops here") from None
-            timings["train"] = time.perf_counter() - start
-            start = time.perf_counter()
-            upload = algo.upload(client)
-            timings["upload"] = time.perf_counter() - start
-        timings["model"] = client.model_seconds - model_before
-        reply["timings"] = timings
-        return reply, upload
+            reply.train_loss = train_client(algo, client, cfg, work.round)
+            reply.timings["train"] = time.perf_counter() - start
+            upload_client(algo, client, reply)
+        reply.timings["model"] = client.model_seconds - model_before
+        return reply

@@ -67,6 +67,9 @@ def _outcome(workdir: Path) -> dict[str, Any]:
             raise ClientFailureError(saved["error"])
         if saved["status"] == "complete_with_failures":
             return saved
+        if saved["status"] == "interrupted":  # stop_after: as the simulator reports it
+            done = len(saved["history"]) - 1
+            return {"key": run["key"], "interrupted_after_round": done, "history": saved["history"]}
         raise ClientFailureError(
             f"the Flower run ended after {len(saved['history'])} round(s) without finishing; "
             f"its rounds so far are in {partial}"
@@ -247,7 +250,7 @@ class LocalFederation:
                 return _outcome(self.workdir)
             if partial.exists():
                 status = json.loads(partial.read_text()).get("status")
-                if status in ("failed", "complete_with_failures"):
+                if status in ("failed", "complete_with_failures", "interrupted"):
                     return _outcome(self.workdir)
             if self.submitter.poll() is not None and self.submitter.returncode != 0:
                 raise ClientFailureError(
@@ -319,8 +322,16 @@ def run_flower(
     on_failure: str = "stop",
     round_timeout: float = 3600.0,
     num_cpus: int = 1,
+    resume: bool = False,
+    checkpoint_every: int = 1,
+    stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Run one experiment on Flower and return its run record (from the store if present)."""
+    """Run one experiment on Flower and return its run record (from the store if present).
+
+    Checkpoints, ``resume`` and ``stop_after`` work as in
+    :func:`fedtsp.simulation.run_experiment`: the server keeps its own state, every node's
+    state and the messages not yet delivered, so a resumed run ends identical.
+    """
     require_flower()
     check_run(config)
     if dataset is None:
@@ -334,12 +345,19 @@ def run_flower(
         engine=engine,
         on_failure=on_failure,
         round_timeout=round_timeout,
+        resume=resume,
+        checkpoint_every=checkpoint_every,
+        stop_after=stop_after,
     )
     store = RunStore(out)
     cached = store.load(run["key"])
     if cached is not None and not force:
         cached["cache_hit"] = True
         return cached
+    if force:
+        store.checkpoint_path(run["key"]).unlink(missing_ok=True)
+    elif not resume:
+        store.refuse_unfinished(run["key"])
     for stale in (store.record_path(run["key"]), Path(out) / "incomplete" / f"{run['key']}.json"):
         stale.unlink(missing_ok=True)
     if engine == "flower-sim":

@@ -1,0 +1,123 @@
+"""What every engine builds the same way before round 0: the partition, each client's
+model and `Client`, the method's run context. Sharing these is what makes a Flower run
+start where the simulator starts, weight for weight."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedtsp.algorithms import Algorithm, RunContext
+from fedtsp.clients import Client
+from fedtsp.config import ConfigError, RunConfig
+from fedtsp.data import ImageDataset, Partition, make_partition, stratified_subsample
+from fedtsp.models.families import ClientModel, build_client_model
+
+DEFAULT_FEATURE_DIM = 512
+
+
+def resolve_feature_dim(config: RunConfig, algorithm_cls: type[Algorithm], options: Any) -> int:
+    required = algorithm_cls.required_feature_dim(options)
+    if config.feature_dim is not None and required is not None and config.feature_dim != required:
+        raise ConfigError(
+            f"feature_dim={config.feature_dim} is invalid for {config.algorithm}: its text "
+            f"encoder has width {required}; leave feature_dim unset or set it to {required}"
+        )
+    return config.feature_dim or required or DEFAULT_FEATURE_DIM
+
+
+def partition_dataset(
+    config: RunConfig, dataset: ImageDataset
+) -> tuple[np.ndarray, np.ndarray, Partition]:
+    """Merge the official splits and draw the config's Dirichlet partition over them."""
+    images = np.concatenate([dataset.train_images, dataset.test_images])
+    labels = np.concatenate([dataset.train_labels, dataset.test_labels])
+    partition = make_partition(
+        labels,
+        dataset.num_classes,
+        config.num_clients,
+        config.alpha,
+        batch_size=config.batch_size,
+        train_ratio=config.train_ratio,
+        seed=config.partition_seed,
+        fraction=config.fraction,
+        min_size=config.min_client_samples,
+    )
+    return images, labels, partition
+
+
+def global_test_indices(config: RunConfig, dataset: ImageDataset) -> np.ndarray:
+    """The global test set: the official (class-balanced) test split; with a data fraction
+    < 1 the same stratified fraction of it, which keeps it balanced and its cost in step."""
+    return stratified_subsample(dataset.test_labels, config.fraction, config.partition_seed)
+
+
+def needs_global_test(config: RunConfig) -> bool:
+    return config.global_eval_every > 0 or config.setting == "gfl"
+
+
+def run_context(config: RunConfig, class_names: list[str], feature_dim: int) -> RunContext:
+    return RunContext(
+        dataset=config.dataset,
+        class_names=list(class_names),
+        feature_dim=feature_dim,
+        num_clients=config.num_clients,
+        rounds=config.rounds,
+        device=torch.device(config.device),
+        seed=config.seed,
+        setting=config.setting,
+    )
+
+
+def autocast_factory(config: RunConfig) -> Any:
+    if config.precision == "fp32":
+        return contextlib.nullcontext
+    device_type = torch.device(config.device).type
+    return functools.partial(torch.autocast, device_type=device_type, dtype=torch.bfloat16)
+
+
+def client_model(
+    config: RunConfig,
+    index: int,
+    num_classes: int,
+    feature_dim: int,
+    channels: int,
+    image_size: int,
+) -> ClientModel:
+    """Client ``index``'s model; under ``client_init="shared"`` torch is reseeded with the
+    run's seed first, so every client of one architecture starts identical."""
+    if config.client_init == "shared":
+        torch.manual_seed(config.seed)
+    return build_client_model(
+        config.family,
+        index,
+        num_classes,
+        feature_dim=feature_dim,
+        in_channels=channels,
+        image_size=image_size,
+    ).to(config.device)
+
+
+def make_client(
+    config: RunConfig,
+    index: int,
+    model: ClientModel,
+    train: tuple[torch.Tensor, torch.Tensor],
+    test: tuple[torch.Tensor, torch.Tensor],
+    num_classes: int,
+) -> Client:
+    """A `Client` batching as RunConfig.batch_order and undersized_clients say."""
+    return Client(
+        index,
+        model,
+        *train,
+        *test,
+        num_classes,
+        autocast=autocast_factory(config),
+        shuffle=config.batch_order == "shuffled",
+        train_undersized=config.undersized_clients == "train",
+    )
