@@ -48,7 +48,7 @@ MIN_REPEAT = 6
 LAYERS = {
     "leaves": ("config", "errors", "environment", "paths", "atomic", "seeding"),
     "models, data, text": ("models", "data", "clients", "descriptions", "describe", "results"),
-    "methods": ("algorithms", "aggregation", "privacy"),
+    "methods": ("algorithms", "aggregation", "privacy", "clustering"),
     "engine core": ("engine", "runspec"),
     "engines": ("simulation", "flower"),
     "paper workflow": (

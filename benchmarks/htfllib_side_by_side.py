@@ -57,9 +57,10 @@ import torch
 from fedtsp.config import RunConfig
 from fedtsp.data import load_dataset
 from fedtsp.data.htfllib import export_htfllib
+from fedtsp.engine.build import partition_dataset
 from fedtsp.paths import REPO_ROOT, portable_path
 from fedtsp.results import code_version, short_commit
-from fedtsp.simulation import partition_dataset, run_experiment, run_key
+from fedtsp.simulation import run_experiment, run_key
 from fedtsp.tables import mean_pm_std
 
 # label -> (our algorithm, our options matching HtFLlib's code, HtFLlib's algorithm + args)

@@ -83,6 +83,12 @@ def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None
         help="minimum client size (default: the authors' rule scaled by --fraction)",
     )
     group.add_argument("--partition-seed", type=int, default=defaults.partition_seed)
+    group.add_argument(
+        "--population",
+        default=None,
+        help="clients from planted groups instead of a Dirichlet partition: label-groups "
+        "(--dataset cifar100) or mixed-domain (--dataset cifar10 + Fashion-MNIST)",
+    )
     group.add_argument("--batch-size", type=int, default=defaults.batch_size)
 
 
@@ -330,7 +336,7 @@ def _print_run_summary(args: argparse.Namespace, config: RunConfig, record: dict
 
 def _cmd_partition(args: argparse.Namespace) -> int:
     from fedtsp.data import export_htfllib, load_dataset
-    from fedtsp.simulation import partition_dataset
+    from fedtsp.engine.build import partition_dataset
 
     config = _config_from_args(args)
     _check_data_path(args.data)

@@ -41,6 +41,7 @@ _HASH_NEUTRAL_DEFAULTS: dict[str, Any] = {
     "batch_order": "shuffled",
     "client_init": "independent",
     "undersized_clients": "train",
+    "population": None,
 }
 
 
@@ -58,6 +59,9 @@ class RunConfig:
     min_client_samples: int | None = None  # None: the authors' rule, scaled by `fraction`
     partition_seed: int = 1
     train_ratio: float = 0.75
+    # Clients drawn from a population with planted groups (fedtsp.data.populations) instead
+    # of a Dirichlet partition of `dataset` (then its first dataset; alpha is not used).
+    population: str | None = None
     # federated setting (see SETTINGS) and models
     setting: str = "htfl"
     family: str = "htfe9"

@@ -31,7 +31,7 @@ from fedtsp.environment import data_path
 from fedtsp.paths import REPO_ROOT
 from fedtsp.profiles import method_specs
 from fedtsp.results import RunStore
-from fedtsp.runspec import check_run
+from fedtsp.runspec import check_run, data_names
 from fedtsp.simulation import run_experiment, run_key
 from fedtsp.system import dataset_hint
 
@@ -58,13 +58,18 @@ def resolve_data(data: str | None) -> str | None:
 class DataSource:
     """Loads each dataset once, from a profile's `data` value."""
 
-    def __init__(self, data: str | None = "auto", synthetic_per_class: int = 12) -> None:
+    def __init__(
+        self,
+        data: str | None = "auto",
+        synthetic_per_class: int = 12,
+        loaded: dict[str, ImageDataset] | None = None,
+    ) -> None:
         # "auto" also falls back to the default places (e.g. Fashion-MNIST's Debian folder)
-        # for a dataset the chosen folder does not hold.
+        # for a dataset the chosen folder does not hold. `loaded`: datasets already in memory.
         self.auto = data in (None, "", "auto")
         self.data = resolve_data(data)
         self.synthetic_per_class = synthetic_per_class
-        self._loaded: dict[str, ImageDataset] = {}
+        self._loaded: dict[str, ImageDataset] = dict(loaded or {})
 
     @property
     def synthetic(self) -> bool:
@@ -82,6 +87,10 @@ class DataSource:
                         raise
                     self._loaded[name] = load_dataset(name, None, download=False)
         return self._loaded[name]
+
+    def datasets(self, config: RunConfig) -> dict[str, ImageDataset]:
+        """Every dataset a run reads (its dataset, or its population's), by name."""
+        return {name: self.get(name) for name in data_names(config)}
 
     def _load_error(self, name: str) -> DatasetNotFoundError | None:
         try:
@@ -155,11 +164,13 @@ def method_config(
     return check_run(config)
 
 
-def _run_one(config: RunConfig, data: str | None, per_class: int, store: str) -> dict[str, Any]:
-    source = DataSource(data, per_class)
-    return run_experiment(
-        config, dataset=source.get(config.dataset), out=store, resume=True, progress=False
-    )
+def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any]:
+    datasets = source.datasets(config)
+    return run_experiment(config, dataset=datasets, out=store, resume=True, progress=False)
+
+
+def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: str) -> Any:
+    return _run_one(config, DataSource(data, per_class), store)
 
 
 def single_thread_worker() -> None:
@@ -183,7 +194,7 @@ def run_all(
     if workers < 1:
         raise ConfigError(f"workers={workers} is invalid; must be >= 1")
     run_store = RunStore(store)
-    keys = [run_key(s.config, source.get(s.config.dataset)) for s in specs]
+    keys = [run_key(s.config, source.datasets(s.config)) for s in specs]
     todo: dict[str, RunConfig] = {}
     for key, spec in zip(keys, specs, strict=True):
         if run_store.load(key) is None:
@@ -195,7 +206,7 @@ def run_all(
         if workers == 1:
             for key, config in todo.items():
                 try:
-                    _run_one(config, source.data, source.synthetic_per_class, str(store))
+                    _run_one(config, source, str(store))
                 except Exception as exc:  # keep going: one bad run must not stop the batch
                     errors[key] = f"{config.algorithm} on {config.dataset}: {exc}"
                 bar.update(1)
@@ -206,7 +217,7 @@ def run_all(
             ) as pool:
                 futures = {
                     pool.submit(
-                        _run_one, config, source.data, source.synthetic_per_class, str(store)
+                        _run_in_worker, config, source.data, source.synthetic_per_class, str(store)
                     ): (key, config)
                     for key, config in todo.items()
                 }
@@ -221,7 +232,10 @@ def run_all(
     if errors:
         lines = "\n".join(f"  {k}: {v}" for k, v in errors.items())
         raise RunsFailed(f"{len(errors)} of {len(todo)} runs failed:\n{lines}")
-    return [run_store.load(key) for key in keys]
+    records = [run_store.load(key) for key in keys]
+    for key, record in zip(keys, records, strict=True):
+        record["cache_hit"] = key not in todo  # found in the store, not run now
+    return records
 
 
 def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFrame:

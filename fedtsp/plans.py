@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fedtsp.data.populations import POPULATIONS
 from fedtsp.experiments import DataSource, RunSpec, method_config
+from fedtsp.fmcl.benchmark import benchmark_specs
 
 
 def _per_seed(
@@ -192,6 +194,28 @@ def homogeneous(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     return specs
 
 
+def fmcl_benchmark(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
+    """The FMCL benchmark: clustered methods x populations x seeds (populations whose
+    datasets do not load here are left out; the notebook reports them)."""
+    populations = [
+        name
+        for name in params["populations"]
+        if not source.split(list(POPULATIONS[name].datasets))[1]
+    ]
+    return benchmark_specs(
+        populations,
+        params["fmcl_methods"],
+        params["seeds"],
+        num_clients=params["num_clients"],
+        fraction=params["population_fraction"],
+        rounds=params["fmcl_rounds"],
+        local_epochs=params["fmcl_local_epochs"],
+        arch=params["fmcl_arch"],
+        lr=params["fmcl_lr"],
+        encoder_input_size=params["encoder_input_size"],
+    )
+
+
 def no_runs(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     return []
 
@@ -204,6 +228,7 @@ PLANS: dict[str, Callable[[dict[str, Any], DataSource], list[RunSpec]]] = {
     "05_llm_robustness": llm_robustness,
     "06_dp": differential_privacy,
     "07_homogeneous": homogeneous,
+    "08_fmcl": fmcl_benchmark,
 }
 
 

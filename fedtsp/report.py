@@ -18,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
-from fedtsp.fmcl.benchmark import RECORD_KIND as FMCL_KIND
-from fedtsp.fmcl.benchmark import benchmark_row, summarize_benchmark
+from fedtsp.fmcl.benchmark import benchmark_row, is_benchmark_record, summarize_benchmark
 from fedtsp.results import RunStore
 from fedtsp.tables import mean_pm_std, to_markdown
 
@@ -28,7 +27,7 @@ def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """One row per complete federated run: its config fields plus summary numbers."""
     rows = []
     for rec in records:
-        if rec.get("status") != "complete" or rec.get("kind") == FMCL_KIND:
+        if rec.get("status") != "complete" or is_benchmark_record(rec):
             continue
         trained = [r for r in rec["history"] if "bytes_up_per_client" in r]
         rows.append(
@@ -91,7 +90,7 @@ def provenance(frame: pd.DataFrame) -> str:
 
 def fmcl_table(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     """The FMCL benchmark records: one row per (population, method), mean ± std over seeds."""
-    rows = [benchmark_row(r) for r in records if r.get("kind") == FMCL_KIND]
+    rows = [benchmark_row(r) for r in records if is_benchmark_record(r)]
     summary = summarize_benchmark(pd.DataFrame(rows))
     order = {m: i for i, m in enumerate(FMCL_METHODS)}
     summary = summary.sort_values(
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     records = list(RunStore(args.runs).records())
     frame = runs_frame(records)
-    clustered = [r for r in records if r.get("kind") == FMCL_KIND and r.get("status") == "complete"]
+    clustered = [r for r in records if is_benchmark_record(r) and r.get("status") == "complete"]
     if frame.empty and not clustered:
         raise SystemExit(f"no complete run records in {args.runs}")
     if not frame.empty:

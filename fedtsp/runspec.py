@@ -16,6 +16,7 @@ import torch
 from fedtsp.algorithms import algorithm_names, get_algorithm, resolve_options
 from fedtsp.config import SETTINGS, ConfigError, RunConfig, bad
 from fedtsp.data import dataset_names
+from fedtsp.data.populations import PopulationError, PopulationSpec, named_population
 from fedtsp.models.families import homogeneous_family_names, resolve_family
 
 
@@ -24,6 +25,21 @@ def check_run(config: RunConfig) -> RunConfig:
     if config.dataset not in dataset_names():
         bad("dataset", config.dataset, f"choose one of {', '.join(dataset_names())}")
     config.validate()
+    if config.population is not None:
+        spec = population_spec(config)
+        if config.dataset != spec.datasets[0]:
+            bad(
+                "dataset",
+                config.dataset,
+                f"population {config.population!r} draws from {', '.join(spec.datasets)}; "
+                f"set dataset={spec.datasets[0]!r}",
+            )
+    if config.population is not None and (config.global_eval_every or config.setting == "gfl"):
+        bad(
+            "population",
+            config.population,
+            "a population has no global test set; use setting pfl or htfl and global_eval_every=0",
+        )
     try:
         archs = resolve_family(config.family)
     except ValueError as exc:
@@ -50,6 +66,26 @@ def check_run(config: RunConfig) -> RunConfig:
     if config.device.startswith("cuda") and not torch.cuda.is_available():
         bad("device", config.device, "CUDA is not available on this machine; use cpu")
     return config
+
+
+def population_spec(config: RunConfig) -> PopulationSpec:
+    """The population of a config with `population` set, at the config's size and seed."""
+    assert config.population is not None
+    try:
+        return named_population(
+            config.population,
+            config.num_clients,
+            config.fraction,
+            config.train_ratio,
+            config.partition_seed,
+        )
+    except PopulationError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def data_names(config: RunConfig) -> tuple[str, ...]:
+    """The datasets a run reads: its dataset, or every dataset of its population."""
+    return (config.dataset,) if config.population is None else population_spec(config).datasets
 
 
 def run_key(config: RunConfig, extra: dict[str, Any]) -> str:

@@ -23,13 +23,15 @@ from fedtsp import runspec
 from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
 from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import ImageDataset, Partition, device_images, load_dataset
+from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
+    ClientData,
+    Datasets,
+    client_data,
     client_model,
-    global_test_indices,
+    data_identity,
+    load_datasets,
     make_client,
-    needs_global_test,
-    partition_dataset,
     resolve_feature_dim,
     run_context,
 )
@@ -43,7 +45,6 @@ from fedtsp.engine.client_round import (
 )
 from fedtsp.engine.loop import RoundLoop, checkpoint_due
 from fedtsp.engine.record import federated_record
-from fedtsp.paths import portable_path
 from fedtsp.results import RunStore
 from fedtsp.runspec import check_run
 from fedtsp.seeding import seed_everything
@@ -61,8 +62,7 @@ class PreparedRun:
 
     config: RunConfig
     key: str
-    dataset: ImageDataset
-    partition: Partition
+    data: ClientData
     clients: list[Client]
     algorithm: Algorithm
     client_algorithm: Algorithm
@@ -109,55 +109,46 @@ class InProcess:
         )
 
 
-def run_key(config: RunConfig, dataset: ImageDataset) -> str:
-    """The run's identity: its full config plus the exact data it trains on."""
-    return runspec.run_key(config, {"dataset_checksum": dataset.checksum})
+def run_key(config: RunConfig, dataset: Datasets) -> str:
+    """The run's identity: its full config plus the exact data it trains on (``dataset``:
+    the run's dataset, or for a population its datasets by name)."""
+    datasets = dataset if isinstance(dataset, dict) else {config.dataset: dataset}
+    return runspec.run_key(config, data_identity(config, datasets))
 
 
 def prepare(
-    config: RunConfig, data: str | Path | None = None, dataset: ImageDataset | None = None
+    config: RunConfig, data: str | Path | None = None, dataset: Datasets | None = None
 ) -> PreparedRun:
     check_run(config)
     algorithm_cls = get_algorithm(config.algorithm)
     options = resolve_options(config.algorithm, config.algo_options)
     feature_dim = resolve_feature_dim(config, algorithm_cls, options)
-    if dataset is None:
-        dataset = load_dataset(config.dataset, data)
-    key = run_key(config, dataset)
+    datasets = load_datasets(config, data, dataset)
+    key = run_key(config, datasets)
     device = torch.device(config.device)
-
-    images, labels, partition = partition_dataset(config, dataset)
+    cdata = client_data(config, datasets)
 
     seed_everything(config.seed)
 
-    def tensors(idx: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        x = device_images(images[idx], device, config.channels_last)
-        return x, torch.from_numpy(labels[idx]).long().to(device)
+    def tensors(arrays: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = device_images(arrays[0], device, config.channels_last)
+        return x, torch.from_numpy(arrays[1]).long().to(device)
 
+    classes = len(cdata.class_names)
     clients = []
     for i in range(config.num_clients):
-        model = client_model(
-            config, i, dataset.num_classes, feature_dim, dataset.channels, dataset.image_size
-        )
-        train, test = tensors(partition.client_train[i]), tensors(partition.client_test[i])
-        clients.append(make_client(config, i, model, train, test, dataset.num_classes))
+        model = client_model(config, i, classes, feature_dim, cdata.channels, cdata.image_size)
+        train, test = tensors(cdata.train[i]), tensors(cdata.test[i])
+        clients.append(make_client(config, i, model, train, test, classes))
 
-    ctx = run_context(config, list(dataset.classes), feature_dim)
+    ctx = run_context(config, cdata.class_names, feature_dim, cdata.groups)
     algorithm = algorithm_cls(options, ctx)
     first = algorithm.setup(clients)
     client_algorithm = algorithm_cls(options, ctx)
     for client in clients:
         client.optimizer = torch.optim.SGD(client_algorithm.client_parameters(client), lr=config.lr)
-    global_test = None
-    if needs_global_test(config):
-        idx = global_test_indices(config, dataset)
-        global_test = (
-            device_images(dataset.test_images[idx], device, config.channels_last),
-            torch.from_numpy(dataset.test_labels[idx]).long().to(device),
-        )
-    return PreparedRun(
-        config, key, dataset, partition, clients, algorithm, client_algorithm, first, global_test
-    )
+    global_test = None if cdata.global_test is None else tensors(cdata.global_test)
+    return PreparedRun(config, key, cdata, clients, algorithm, client_algorithm, first, global_test)
 
 
 def _save_checkpoint(store: RunStore, run: PreparedRun, round_index: int, history: list) -> None:
@@ -203,15 +194,14 @@ def run_experiment(
     if checkpoint_every < 1:
         raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
     check_run(config)
-    if dataset is None:
-        dataset = load_dataset(config.dataset, data)
+    datasets = load_datasets(config, data, dataset)
     store = RunStore(out)
-    cached = store.load(run_key(config, dataset))
+    cached = store.load(run_key(config, datasets))
     if cached is not None and not force:
         log.info("run %s found in %s; reusing it (force=True reruns)", cached["key"], out)
         cached["cache_hit"] = True
         return cached
-    run = prepare(config, dataset=dataset)
+    run = prepare(config, dataset=datasets)
     loop = run.loop()
     ckpt_path = store.checkpoint_path(run.key)
     history: list[dict[str, Any]] = []
@@ -245,15 +235,11 @@ def run_experiment(
         config=cfg,
         algo_options=run.algorithm.opts,
         feature_dim=run.algorithm.ctx.feature_dim,
-        dataset={
-            "name": run.dataset.name,
-            "source": portable_path(run.dataset.source),
-            "checksum": run.dataset.checksum,
-            "classes": list(run.dataset.classes),
-        },
-        partition=run.partition.stats(),
+        dataset=run.data.description,
+        partition=run.data.stats,
         history=history,
         wall_seconds=time.perf_counter() - wall_start,
+        server=run.algorithm.record_extras(),
     )
     artifacts = {k: v.detach().cpu().float().numpy() for k, v in run.algorithm.artifacts().items()}
     store.save(record, artifacts)

@@ -46,20 +46,49 @@ KINDS = {
     "generator": ("fedgen", "htfl"),
     "homogeneous, global model": ("fedavg", "gfl"),
     "homogeneous, fine-tuned": ("fedavg-ft", "pfl"),
+    "clustered": ("cfl", "pfl"),  # splits after round 1: each cluster gets its own model
 }
+SPLIT_AT_ONCE = {"stall_ratio": 1.0, "warmup_rounds": 1, "min_cluster_size": 1}
 
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_every_kind_of_method_runs_on_flower_as_in_the_simulator(tmp_path, tiny_data, kind):
     algorithm, setting = KINDS[kind]
     family = "homo-cpu" if setting != "htfl" else tiny_config().family
-    config = tiny_config(algorithm=algorithm, setting=setting, family=family, rounds=2)
+    options = SPLIT_AT_ONCE if algorithm == "cfl" else {}
+    config = tiny_config(
+        algorithm=algorithm, setting=setting, family=family, rounds=2, algo_options=options
+    )
     sim = run_experiment(config, dataset=tiny_data, out=tmp_path / "sim", progress=False)
     flower = run_flower(config, engine="flower-sim", dataset=tiny_data, out=tmp_path / "fl")
     assert _rows(flower["history"]) == _rows(sim["history"])
     assert flower["summary"] == sim["summary"]  # gfl / pfl summaries included
     if setting == "gfl":
         assert all(0 < row["gfl_acc"] <= 1 for row in flower["history"])
+    if algorithm == "cfl":
+        assert flower["history"][1]["num_clusters"] == 2 and flower["server"] == sim["server"]
+
+
+def test_a_population_runs_on_flower_as_in_the_simulator(tmp_path):
+    from conftest import synthetic_dataset
+
+    datasets = {
+        "cifar10": synthetic_dataset(per_class=12),
+        "fmnist": synthetic_dataset("fmnist", per_class=12),
+    }
+    config = tiny_config(
+        algorithm="clusters",
+        algo_options={"clusters": "truth"},  # the oracle: the server reads the planted groups
+        population="mixed-domain",
+        fraction=1.0,
+        setting="pfl",
+        family="homo-fedavgcnn_s",
+        rounds=2,
+    )
+    sim = run_experiment(config, dataset=datasets, out=tmp_path / "sim", progress=False)
+    flower = run_flower(config, engine="flower-sim", dataset=datasets, out=tmp_path / "fl")
+    assert _rows(flower["history"]) == _rows(sim["history"])
+    assert flower["server"]["assignment"] == [0, 1, 0, 1] == flower["partition"]["groups"]
 
 
 def test_bad_engine_input_fails_before_any_work(tmp_path, tiny_data):

@@ -1,4 +1,5 @@
-"""FMCL: signatures, distances, one-shot clustering, baselines and the benchmark (no network)."""
+"""Clustered FL on the engine: FMCL's signatures and clustering, PACFL, IFCA, CFL, FedAvg in
+fixed clusters, populations with planted groups and the FMCL benchmark (no network)."""
 
 from __future__ import annotations
 
@@ -10,29 +11,22 @@ import torch
 from conftest import synthetic_dataset
 from sklearn.metrics import adjusted_rand_score
 
-from fedtsp.data import ImageDataset, dataset_info
-from fedtsp.fmcl import (
-    ClusteringOptions,
+from fedtsp.algorithms.cfl import cfl_bipartition
+from fedtsp.algorithms.ifca import ifca_assign
+from fedtsp.clustering.oneshot import ClusteringOptions, cluster_clients
+from fedtsp.clustering.signatures import (
     EmbeddingCache,
-    FMCLOptions,
-    PopulationSpec,
     SignatureOptions,
-    TrainOptions,
-    build_clients,
-    build_population,
     client_signature,
-    cluster_clients,
-    fmcl_cluster,
-    ifca_assign,
-    principal_angles,
-    run_benchmark,
     signature_distances,
-    summarize_benchmark,
-    train_fixed_clusters,
 )
-from fedtsp.fmcl.baselines import cfl_bipartition, client_losses, data_subspace, pacfl_cluster
-from fedtsp.fmcl.training import local_update
+from fedtsp.clustering.subspaces import data_subspace, principal_angles
+from fedtsp.config import RunConfig
+from fedtsp.data import ImageDataset, dataset_info, normalize, pixels
+from fedtsp.data.populations import PopulationSpec, build_population
+from fedtsp.fmcl import run_benchmark, summarize_benchmark
 from fedtsp.models.image_encoders import create_image_encoder
+from fedtsp.simulation import prepare, run_experiment
 
 
 def grey_dataset(per_class: int = 40, seed: int = 5) -> ImageDataset:
@@ -191,16 +185,6 @@ def test_ifca_assign_picks_the_lowest_loss():
     assert ifca_assign(np.array([[np.nan, 1.0]])).tolist() == [1]
 
 
-def test_ifca_client_prefers_the_model_trained_on_its_data(tiny_population):
-    train = TrainOptions(rounds=1, local_epochs=5, batch_size=20, lr=0.05)
-    clients = build_clients(tiny_population, train, seed=0)
-    init = {k: v.clone() for k, v in clients[0].model.state_dict().items()}
-    trained, _ = local_update(clients[0], init, train, seed=0)
-    losses = client_losses(clients[0], [init, trained])
-    assert losses[1] < losses[0] - 0.1
-    assert ifca_assign(losses[None]).tolist() == [1]
-
-
 def test_pacfl_principal_angles():
     rng = np.random.default_rng(0)
     u, _ = np.linalg.qr(rng.normal(size=(50, 4)))
@@ -215,20 +199,6 @@ def test_pacfl_principal_angles():
     basis = data_subspace(x, np.repeat([0, 1, 2], 10), rank=2)
     np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[1]), atol=1e-8)
     assert basis.shape == (192, 6)
-
-
-def test_pacfl_separates_domains():
-    rgb, grey = synthetic_dataset(per_class=8, seed=0), grey_dataset(per_class=8)
-    grey_x = np.repeat(np.pad(grey.train_images, ((0, 0), (0, 0), (2, 2), (2, 2))), 3, axis=1)
-    xs = [rgb.train_images[i::2] for i in range(2)] + [grey_x[i::2] for i in range(2)]
-    ys = [rgb.train_labels[i::2] for i in range(2)] + [grey.train_labels[i::2] for i in range(2)]
-    from fedtsp.fmcl import PACFLOptions
-
-    labels, info = pacfl_cluster(
-        xs, ys, PACFLOptions(rank=2, clustering=ClusteringOptions(num_clusters=2))
-    )
-    assert labels.tolist() == [0, 0, 1, 1]
-    assert info["upload_bytes"][0] == 3072 * 2 * 10 * 4
 
 
 def test_cfl_bipartition_splits_opposing_updates():
@@ -287,95 +257,193 @@ def test_label_group_population_has_disjoint_classes():
         PopulationSpec(kind="iid").validate()
 
 
-def test_fedavg_in_clusters_learns_and_shares_weights(tiny_population):
-    train = TrainOptions(rounds=4, local_epochs=2, batch_size=16, lr=0.05)
-    clients = build_clients(tiny_population, train, seed=0)
-    result = train_fixed_clusters(clients, np.array([0, 1, 0, 1]), train, seed=0, progress=False)
-    assert len(result.history) == 5
-    assert result.history[-1]["acc"] > 0.3  # 10 classes: chance is 0.1
-    assert result.history[-1]["train_loss"] < result.history[1]["train_loss"]
-    model_bytes = sum(p.numel() for p in clients[0].model.parameters()) * 4
-    assert result.bytes_per_client == 2 * model_bytes * 4
-    local = train_fixed_clusters(
-        build_clients(tiny_population, train, 0),
-        np.arange(4),
-        train,
-        0,
-        local_only=True,
+def population_config(algorithm: str, rounds: int = 2, **options) -> RunConfig:
+    """A run of a clustered algorithm on the tiny mixed-domain population below."""
+    return RunConfig(
+        dataset="cifar10",
+        population="mixed-domain",
+        num_clients=4,
+        fraction=1.0,
+        setting="pfl",
+        family="homo-fedavgcnn_s",
+        algorithm=algorithm,
+        algo_options=options,
+        rounds=rounds,
+        local_epochs=2,
+        batch_size=16,
+        lr=0.05,
+        client_init="shared",
+    )
+
+
+@pytest.fixture(scope="module")
+def domains():
+    return {
+        "cifar10": synthetic_dataset(per_class=12, seed=0),
+        "fmnist": grey_dataset(per_class=12),
+    }
+
+
+def test_pixels_undo_normalize_exactly():
+    x = np.random.default_rng(0).integers(0, 256, size=(5, 3, 8, 8)).astype(np.uint8)
+    assert torch.equal(pixels(normalize(x)), torch.from_numpy(x))
+
+
+def test_fedavg_in_fixed_clusters_learns_and_counts_what_it_sends(domains, tmp_path):
+    truth = run_experiment(
+        population_config("clusters", rounds=4, clusters="truth"),
+        dataset=domains,
+        out=tmp_path,
         progress=False,
     )
-    assert local.bytes_per_client == 0
-
-
-# --------------------------------------------------------------------------- end to end
-
-
-def test_fmcl_recovers_domains(tiny_population, encoder):
-    labels, info = fmcl_cluster(
-        tiny_population.train_x,
-        tiny_population.train_y,
-        10,
-        FMCLOptions(input_size=64),
-        encoder=encoder,
-        progress=False,
+    rows = truth["history"]
+    assert len(rows) == 5 and rows[-1]["acc"] > 0.3  # 10 classes: chance is 0.1
+    assert rows[-2]["train_loss"] < rows[0]["train_loss"]
+    assert truth["server"]["assignment"] == [0, 1, 0, 1] == truth["partition"]["groups"]
+    run = prepare(population_config("clusters"), dataset=domains)
+    model = 4 * sum(p.numel() for p in run.clients[0].model.parameters())  # no buffers
+    assert rows[0]["bytes_down_per_client"] == model  # its cluster's model
+    assert rows[0]["bytes_up_per_client"] == model + 8  # its model and its int64 train size
+    # Every cluster's model is the sample-weighted mean of its members' uploads.
+    loop = run.loop()
+    loop.start(run.first_broadcast)
+    loop.round(0)
+    for client in run.clients:  # one cluster: everyone holds the same weights
+        for a, b in zip(client.model.parameters(), run.clients[0].model.parameters(), strict=True):
+            assert torch.equal(a, b)
+    local = run_experiment(
+        population_config("clusters", clusters="each"), dataset=domains, out=tmp_path
     )
-    assert labels.tolist() == [0, 1, 0, 1]
-    assert info["upload_bytes"][0] == 10 * 1280 * 4 + 10 * 4
+    assert all(r.get("bytes_up_per_client", 0) == 0 for r in local["history"])
+    assert all(r.get("bytes_down_per_client", 0) == 0 for r in local["history"])
+    assert local["server"]["assignment"] == [0, 1, 2, 3]
+
+
+def test_fmcl_finds_the_domains_from_signatures_sent_once(domains, tmp_path):
+    record = run_experiment(
+        population_config("fmcl", input_size=64), dataset=domains, out=tmp_path, progress=False
+    )
+    assert record["server"]["assignment"] == [0, 1, 0, 1]
+    run = prepare(population_config("fmcl"), dataset=domains)
+    model = 4 * sum(p.numel() for p in run.clients[0].model.parameters())
+    signature = 10 * 1280 * 4 + 10 * 4  # 10 held classes x 1280 float32 + 10 int32 counts
+    first, second = record["history"][0], record["history"][1]
+    assert first["bytes_up_per_client"] == model + 8 + signature  # with round 0's upload
+    assert second["bytes_up_per_client"] == model + 8  # never again
+    assert first["num_clusters"] == 2
+
+
+def test_pacfl_finds_the_domains_from_data_subspaces(domains, tmp_path):
+    record = run_experiment(
+        population_config("pacfl", rank=2, num_clusters=2), dataset=domains, out=tmp_path
+    )
+    assert record["server"]["assignment"] == [0, 1, 0, 1]
+    model = 4 * sum(
+        p.numel()
+        for p in prepare(population_config("pacfl"), dataset=domains).clients[0].model.parameters()
+    )
+    extra = record["history"][0]["bytes_up_per_client"] - model - 8
+    assert extra == 3072 * 2 * 10 * 4  # a rank-2 basis per class, 10 classes, float32
+
+
+def test_ifca_client_picks_the_model_that_fits_its_data(domains):
+    run = prepare(population_config("ifca", num_clusters=2), dataset=domains)
+    algo, client = run.client_algorithm, run.clients[0]
+    client.model.load_state_dict(run.clients[1].model.state_dict())
+    fresh = {k: v.clone() for k, v in client.model.state_dict().items()}
+    generator = torch.Generator().manual_seed(0)
+    client.train(algo.train_loss, 5, 16, generator)
+    trained = {k: v.clone() for k, v in client.model.state_dict().items()}
+    message = {f"ifca.0.model.{k}": v for k, v in fresh.items() if v.is_floating_point()}
+    message |= {f"ifca.1.model.{k}": v for k, v in trained.items() if v.is_floating_point()}
+    algo.receive(client, message)
+    assert client.state["cluster"] == 1
+    upload = algo.upload(client)
+    assert int(upload["ifca.cluster"]) == 1
+    # Reversed order: still the trained model, now as cluster 0.
+    swapped = {
+        k.replace("ifca.0", "ifca.x").replace("ifca.1", "ifca.0"): v for k, v in message.items()
+    }
+    algo.receive(client, {k.replace("ifca.x", "ifca.1"): v for k, v in swapped.items()})
+    assert client.state["cluster"] == 0
+
+
+def test_cfl_splits_a_stalled_cluster_by_domain(domains, tmp_path):
+    # stall_ratio=1 treats every round as stalled, so the split happens right after warm-up.
+    options = {"stall_ratio": 1.0, "warmup_rounds": 2, "min_cluster_size": 2, "max_clusters": 2}
+    record = run_experiment(
+        population_config("cfl", rounds=3, **options), dataset=domains, out=tmp_path
+    )
+    trained = [r for r in record["history"] if "num_clusters" in r]
+    assert [r["num_clusters"] for r in trained] == [1, 2, 2]
+    assert record["server"]["splits"] == [{"round": 2, "cluster": 0, "sizes": [2, 2]}]
+    assert record["server"]["assignment"] == [0, 1, 0, 1]  # the two domains
+    assert 0 < trained[0]["cfl_stall_ratio"]["0"] <= 1
+
+
+def test_a_population_run_is_checked_before_any_data_is_read():
+    from fedtsp.config import ConfigError
+    from fedtsp.runspec import check_run
+
+    with pytest.raises(ConfigError, match="population='rotated'"):
+        check_run(population_config("clusters").replace(population="rotated"))
+    with pytest.raises(ConfigError, match="set dataset='cifar100'"):
+        check_run(population_config("clusters").replace(population="label-groups"))
+    with pytest.raises(ConfigError, match="no global test set"):
+        check_run(population_config("clusters").replace(global_eval_every=1))
+    with pytest.raises(ConfigError, match="clusters='all'"):
+        check_run(population_config("clusters", clusters="all"))
+
+
+def test_the_oracle_needs_planted_groups(tiny_data):
+    config = population_config("clusters", clusters="truth").replace(population=None)
+    with pytest.raises(ValueError, match="needs a population"):
+        prepare(config, dataset=tiny_data)
+
+
+# --------------------------------------------------------------------------- the benchmark
 
 
 def test_benchmark_end_to_end(tmp_path):
-    datasets = {
-        "cifar10": synthetic_dataset(per_class=16, seed=0),
-        "fmnist": grey_dataset(per_class=16),
-    }
-    spec = PopulationSpec(
-        kind="mixed-domain", datasets=("cifar10", "fmnist"), num_clients=6, fraction=1.0
-    )
     kwargs = dict(
         methods=["fmcl", "fedavg", "local", "oracle"],
         seeds=[0, 1],
+        num_clients=6,
+        fraction=1.0,
         rounds=3,
         batch_size=16,
         lr=0.05,
         encoder_input_size=64,
-        datasets=datasets,
+        data="synthetic",
         out=tmp_path / "runs",
-        cache_dir=tmp_path / "cache",
         progress=False,
     )
-    df = run_benchmark(spec, **kwargs)
+    df = run_benchmark("mixed-domain", **kwargs)
     assert len(df) == 8 and not df["cache_hit"].any()
     fmcl = df[df.method == "fmcl"]
     assert (fmcl.ari == 1.0).all() and (fmcl.nmi == 1.0).all() and (fmcl.num_clusters == 2).all()
-    assert (fmcl.one_shot_bytes_per_client == 10 * 1280 * 4 + 40).all()
     fedavg = df[df.method == "fedavg"]
     assert (fedavg.num_clusters == 1).all() and (fedavg.ari == 0.0).all()
     assert (df[df.method == "local"].bytes_per_client == 0).all()
-    assert (df.best_acc > 0.2).all()
-    records = list((tmp_path / "runs").glob("*.json"))
+    assert (fmcl.bytes_per_client.to_numpy() > fedavg.bytes_per_client.to_numpy()).all()
+    records = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*.json")]
     assert len(records) == 8
-    rec = json.loads(records[0].read_text())
-    assert rec["kind"] == "fmcl-benchmark" and len(rec["history"]) == 4
+    assert {r["kind"] for r in records} == {"federated"} and len(records[0]["history"]) == 4
     summary = summarize_benchmark(df)
     assert summary.set_index("method").loc["fmcl", "stability_ari"] == 1.0
-    again = run_benchmark(spec, **kwargs)  # reuses every finished record
+    again = run_benchmark("mixed-domain", **kwargs)  # reuses every finished record
     assert again["cache_hit"].all()
     np.testing.assert_array_equal(again.best_acc.to_numpy(), df.best_acc.to_numpy())
-    # Two worker processes (one thread each): the same runs, keys and clusterings; the
-    # accuracies may differ by float rounding across thread counts only.
-    parallel = run_benchmark(spec, **(kwargs | {"out": tmp_path / "runs2"}), workers=2)
-    assert not parallel["cache_hit"].any() and len(list((tmp_path / "runs2").glob("*.json"))) == 8
-    assert parallel["key"].tolist() == df["key"].tolist()
-    assert [list(a) for a in parallel.assignment] == [list(a) for a in df.assignment]
-    np.testing.assert_allclose(parallel.best_acc.to_numpy(), df.best_acc.to_numpy(), atol=0.1)
 
 
 def test_benchmark_validates_before_loading_data(tmp_path):
     with pytest.raises(ValueError, match="unknown method"):
         run_benchmark("mixed-domain", methods=["fedprox"], out=tmp_path)
-    with pytest.raises(ValueError, match="seeds"):
-        run_benchmark("mixed-domain", seeds=[-1], out=tmp_path)
     with pytest.raises(ValueError, match="ifca"):
+        run_benchmark(
+            "mixed-domain", methods=["fedavg"], method_options={"ifca": {"k": 2}}, out=tmp_path
+        )
+    with pytest.raises(ValueError, match="no option"):
         run_benchmark(
             "mixed-domain", methods=["ifca"], method_options={"ifca": {"k": 2}}, out=tmp_path
         )
@@ -384,20 +452,5 @@ def test_benchmark_validates_before_loading_data(tmp_path):
     with pytest.raises(ValueError, match="fraction"):
         run_benchmark("mixed-domain", fraction=2.0, out=tmp_path)
     with pytest.raises(ValueError, match="workers=0"):
-        run_benchmark("mixed-domain", workers=0, out=tmp_path)
-    with pytest.raises(ValueError, match="channels_last"):
-        TrainOptions(channels_last="yes").validate()
-
-
-def test_cfl_splits_a_stalled_cluster_by_domain(tiny_population):
-    from fedtsp.fmcl import CFLOptions, run_cfl
-
-    train = TrainOptions(rounds=3, local_epochs=2, batch_size=16, lr=0.05)
-    clients = build_clients(tiny_population, train, seed=0)
-    # stall_ratio=1 treats every round as stalled, so the split happens right after warm-up.
-    opts = CFLOptions(stall_ratio=1.0, warmup_rounds=2, min_cluster_size=2, max_clusters=2)
-    result = run_cfl(clients, opts, train, seed=0, progress=False)
-    assert [h["num_clusters"] for h in result.history] == [1, 1, 2, 2]
-    assert result.extra["splits"] == [{"round": 2, "cluster": 0, "sizes": [2, 2]}]
-    assert result.assignment.tolist() == [0, 1, 0, 1]  # the two domains
-    assert 0 < result.history[1]["cfl_stall_ratio"]["0"] < 1
+        run_benchmark("mixed-domain", workers=0, out=tmp_path, data="synthetic")
+    assert not list(tmp_path.iterdir())  # nothing was written

@@ -83,7 +83,7 @@ def test_plans_share_runs_between_notebooks():
 
     def keys(notebook):
         specs = notebook_plan(notebook, notebook_parameters(prof, notebook), source)
-        return {run_key(s.config, source.get(s.config.dataset)) for s in specs}
+        return {run_key(s.config, source.datasets(s.config)) for s in specs}
 
     main, semantics, ablation, llm = (
         keys(n)

@@ -29,33 +29,43 @@ def test_summary_table_means_over_seeds(tmp_path, tiny_data):
     assert len(text.splitlines()) == 3
 
 
-def _fmcl_record(method: str, seed: int, best: float, ari: float) -> dict:
+def _fmcl_record(method: str, seed: int, best: float, found: list[int]) -> dict:
+    """A population run's record, as the engine writes it (only the fields the rows read)."""
+    algorithm, options = {"fmcl": ("fmcl", {}), "ifca": ("ifca", {"num_clusters": 2})}[method]
+    timings = {"upload": 0.05, "server": 0.05}
     return {
-        "kind": "fmcl-benchmark",
+        "kind": "federated",
         "status": "complete",
         "key": f"{method}{seed}",
-        "population_name": "label-groups",
-        "population": {"spec": {"num_clients": 4}, "groups": [0, 0, 1, 1]},
-        "method": method,
-        "seed": seed,
-        "num_clusters": 2,
-        "ari": ari,
-        "nmi": ari,
-        "summary": {"best_acc": best, "final_acc": best, "final_mean_client_acc": best},
-        "bytes_per_client": 10.0,
-        "one_shot_bytes_per_client": 0.0,
-        "cluster_seconds": 0.1,
-        "wall_seconds": 1.0,
-        "assignment": [0, 0, 1, 1],
+        "config": {
+            "population": "label-groups",
+            "algorithm": algorithm,
+            "algo_options": options,
+            "seed": seed,
+            "num_clients": 4,
+        },
+        "partition": {"groups": [0, 0, 1, 1]},
+        "server": {"assignment": found},
+        "history": [
+            {
+                "client_acc": [best] * 4,
+                "bytes_up_per_client": 5.0,
+                "bytes_down_per_client": 5.0,
+                "timings": timings,
+            },
+            {"client_acc": [best] * 4, "timings": timings},
+        ],
+        "summary": {"best_acc": best, "final_acc": best},
+        "timings": {"rounds_wall": 1.0},
     }
 
 
 def test_a_store_with_fmcl_records_gives_both_tables(tmp_path, tiny_data):
     run_experiment(tiny_config(rounds=1), dataset=tiny_data, out=tmp_path, progress=False)
     fmcl = [
-        _fmcl_record("ifca", 0, 0.40, 0.5),
-        _fmcl_record("fmcl", 0, 0.50, 1.0),
-        _fmcl_record("fmcl", 1, 0.52, 1.0),
+        _fmcl_record("ifca", 0, 0.40, [0, 1, 1, 1]),
+        _fmcl_record("fmcl", 0, 0.50, [0, 0, 1, 1]),
+        _fmcl_record("fmcl", 1, 0.52, [0, 0, 1, 1]),
     ]
     records = [*RunStore(tmp_path).records(), *fmcl]
     assert list(runs_frame(records)["algorithm"]) == ["local"]  # FMCL records left out

@@ -6,7 +6,8 @@
 ``record`` runs every registered algorithm in each setting it is defined for, on real
 CIFAR-10 at a tiny scale (4 clients, 2 % of the images, 2 rounds, seeds 0 and 1), a few of
 them a second time interrupted after round 1 and resumed, and every FMCL benchmark method on
-a small population; it writes each run's history and summary, without the timings. ``check``
+a small CIFAR-100 label-groups population; it writes each run's history and summary (and a
+clustered method's clusters), without the timings. ``check``
 reruns the same list and names every run whose history differs in any value. Exact equality
 holds on one machine with one thread; a change that alters results on purpose says which
 runs and why, then records the set again.
@@ -27,10 +28,9 @@ from fedtsp.algorithms import ALGORITHMS
 from fedtsp.config import RunConfig
 from fedtsp.data import load_dataset
 from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
-from fedtsp.fmcl.benchmark import RECORD_KIND as FMCL_RECORD_KIND
-from fedtsp.fmcl.benchmark import run_benchmark
+from fedtsp.fmcl.benchmark import benchmark_config
 from fedtsp.paths import REPO_ROOT
-from fedtsp.results import RunStore, code_version
+from fedtsp.results import code_version
 from fedtsp.simulation import run_experiment
 
 DEFAULT_OUT = REPO_ROOT / "tools" / "regression_set.json"
@@ -89,49 +89,43 @@ def run_federated(config: RunConfig, resumed: bool, store: Path, dataset: Any) -
         record = run_experiment(config, dataset=dataset, out=store, progress=False, resume=True)
     else:
         record = run_experiment(config, dataset=dataset, out=store, progress=False, force=True)
-    return {"history": _untimed(record["history"]), "summary": _untimed(record["summary"])}
+    out = {"history": _untimed(record["history"]), "summary": _untimed(record["summary"])}
+    return out | ({"server": _untimed(record["server"])} if "server" in record else {})
 
 
-def run_fmcl(store: Path, datasets: dict[str, Any]) -> dict[str, dict]:
-    frame = run_benchmark(
-        "label-groups",
-        methods=FMCL_METHODS,
-        seeds=SEEDS,
-        num_clients=8,
-        fraction=0.02,
-        rounds=2,
-        out=store,
-        cache_dir=store / "embeddings",
-        datasets=datasets,
-        progress=False,
-        force=True,
-    )
-    out = {}
-    for record in RunStore(store).records():
-        if record.get("kind") == FMCL_RECORD_KIND:
-            label = f"fmcl:{record['method']}/seed{record['seed']}"
-            out[label] = {
-                "history": _untimed(record["history"]),
-                "summary": _untimed(record["summary"]),
-                "assignment": _untimed(record["assignment"]),
-            }
-    assert len(out) == len(frame), f"{len(frame)} FMCL runs but {len(out)} records"
-    return out
+def population_runs() -> list[tuple[str, RunConfig]]:
+    """(name, config) of every FMCL benchmark method on a small label-groups population."""
+    return [
+        (
+            f"fmcl:{method}/seed{seed}",
+            benchmark_config("label-groups", method, seed, num_clients=8, fraction=0.02, rounds=2),
+        )
+        for method in FMCL_METHODS
+        for seed in SEEDS
+    ]
 
 
 def regression_set(only: list[str] | None = None) -> dict[str, dict]:
     torch.set_num_threads(1)
     dataset = load_dataset("cifar10", None)
     results: dict[str, dict] = {}
+
+    def wanted(label: str) -> bool:
+        return not only or any(label.startswith(o) for o in only)
+
     with tempfile.TemporaryDirectory() as tmp:
         for label, config, resumed in federated_runs():
-            if only and not any(label.startswith(o) for o in only):
-                continue
-            store = Path(tmp) / label.replace("/", "_")
-            results[label] = run_federated(config, resumed, store, dataset)
-            print(f"{label}: best acc {results[label]['summary'].get('best_acc')}", flush=True)
-        if not only or any(o.startswith("fmcl") for o in only):
-            results.update(run_fmcl(Path(tmp) / "fmcl", {"cifar10": dataset}))
+            if wanted(label):
+                store = Path(tmp) / label.replace("/", "_")
+                results[label] = run_federated(config, resumed, store, dataset)
+                print(f"{label}: best acc {results[label]['summary'].get('best_acc')}", flush=True)
+        population = None
+        for label, config in population_runs():
+            if wanted(label):
+                population = population or {"cifar100": load_dataset("cifar100", None)}
+                store = Path(tmp) / label.replace("/", "_").replace(":", "_")
+                results[label] = run_federated(config, False, store, population)
+                print(f"{label}: best acc {results[label]['summary'].get('best_acc')}", flush=True)
     return results
 
 

@@ -2,6 +2,8 @@
 
 from fedtsp.algorithms import (  # noqa: F401  (registers the methods)
     alignfed,
+    cfl,
+    clusters,
     fedavg,
     fedbabu,
     feddistill,
@@ -17,9 +19,12 @@ from fedtsp.algorithms import (  # noqa: F401  (registers the methods)
     fedtgp,
     fedtsp,
     finetune,
+    fmcl,
     fml,
+    ifca,
     lgfedavg,
     local,
+    pacfl,
 )
 from fedtsp.algorithms.base import (
     ALGORITHMS,

@@ -53,6 +53,9 @@ class RunContext:
     device: torch.device
     seed: int
     setting: str = "htfl"  # htfl, gfl or pfl (RunConfig.setting)
+    # A population's planted group of every client (RunConfig.population), else None: the
+    # ground truth clustered methods are scored against, and the oracle's clusters.
+    groups: list[int] | None = None
 
     @property
     def homogeneous(self) -> bool:
@@ -160,6 +163,10 @@ class Algorithm:
 
     def artifacts(self) -> dict[str, Tensor]:
         """Tensors worth keeping with the run record (e.g. global class prototypes)."""
+        return {}
+
+    def record_extras(self) -> dict[str, Any]:
+        """JSON facts the server adds to the run record (e.g. the clusters it found)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from fedtsp.data.images import (
     ImageDataset,
     device_images,
     normalize,
+    pixels,
 )
 from fedtsp.data.loading import load_dataset
 from fedtsp.data.partition import (
@@ -47,6 +48,7 @@ __all__ = [
     "merged_labels",
     "min_client_size",
     "normalize",
+    "pixels",
     "semantic_groups",
     "split_clients",
     "stratified_subsample",

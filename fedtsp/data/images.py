@@ -75,6 +75,12 @@ def normalize(images_uint8: torch.Tensor | np.ndarray) -> torch.Tensor:
     return (x.to(torch.float32).div(255.0) - 0.5) / 0.5
 
 
+def pixels(images: torch.Tensor) -> torch.Tensor:
+    """`normalize`'s inverse: the uint8 images back from their [-1, 1] floats (exactly)."""
+    x = images.detach().float().contiguous()
+    return ((x * 0.5 + 0.5) * 255.0).round().clamp(0, 255).to(torch.uint8)
+
+
 # Names of the image memory layouts (CLI / benchmark) -> `device_images`'s channels_last.
 LAYOUTS: dict[str, bool | None] = {"auto": None, "channels-last": True, "nchw": False}
 

@@ -1,11 +1,13 @@
-"""What every engine builds the same way before round 0: the partition, each client's
-model and `Client`, the method's run context. Sharing these is what makes a Flower run
-start where the simulator starts, weight for weight."""
+"""What every engine builds the same way before round 0: every client's data (a Dirichlet
+partition of one dataset, or a population with planted groups), each client's model and
+`Client`, the method's run context. Sharing these is what makes a Flower run start where
+the simulator starts, weight for weight."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,8 +16,21 @@ import torch
 from fedtsp.algorithms import Algorithm, RunContext
 from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
-from fedtsp.data import ImageDataset, Partition, make_partition, stratified_subsample
+from fedtsp.data import (
+    ImageDataset,
+    Partition,
+    load_dataset,
+    make_partition,
+    stratified_subsample,
+)
+from fedtsp.data.populations import build_population
 from fedtsp.models.families import ClientModel, build_client_model
+from fedtsp.paths import portable_path
+from fedtsp.runspec import data_names, population_spec
+
+# A run's loaded data: its dataset, or a population's datasets by name.
+Datasets = ImageDataset | dict[str, ImageDataset]
+Arrays = tuple[np.ndarray, np.ndarray]  # uint8 images, int64 labels
 
 DEFAULT_FEATURE_DIM = 512
 
@@ -60,7 +75,93 @@ def needs_global_test(config: RunConfig) -> bool:
     return config.global_eval_every > 0 or config.setting == "gfl"
 
 
-def run_context(config: RunConfig, class_names: list[str], feature_dim: int) -> RunContext:
+@dataclass
+class ClientData:
+    """Every client's images and labels, and what a run record says about them."""
+
+    train: list[Arrays]
+    test: list[Arrays]
+    class_names: list[str]
+    channels: int
+    image_size: int
+    description: dict[str, Any]  # the record's "dataset": name, source, checksum, classes
+    stats: dict[str, Any]  # the record's "partition"
+    global_test: Arrays | None = None  # the balanced official test set (needs_global_test)
+    groups: list[int] | None = None  # a population's planted group of every client
+
+
+def load_datasets(
+    config: RunConfig, data: str | Any | None = None, given: Datasets | None = None
+) -> dict[str, ImageDataset]:
+    """Every dataset the run reads (`data_names`): from ``given``, else loaded (``data``
+    locates the run's own dataset; a population's others come from their default places)."""
+    if isinstance(given, ImageDataset):
+        given = {config.dataset: given}
+    given = given or {}
+    return {
+        name: given[name]
+        if name in given
+        else load_dataset(name, data if name == config.dataset else None)
+        for name in data_names(config)
+    }
+
+
+def data_identity(config: RunConfig, datasets: dict[str, ImageDataset]) -> dict[str, Any]:
+    """What a run key hashes of the data: every dataset's checksum."""
+    identity: dict[str, Any] = {"dataset_checksum": datasets[config.dataset].checksum}
+    others = {n: d.checksum for n, d in sorted(datasets.items()) if n != config.dataset}
+    return identity | ({"population_checksums": others} if others else {})
+
+
+def client_data(config: RunConfig, datasets: dict[str, ImageDataset]) -> ClientData:
+    """The clients' data of a run: its Dirichlet partition, or its population."""
+    if config.population is not None:
+        pop = build_population(population_spec(config), datasets=datasets)
+        sources = [portable_path(datasets[n].source) for n in pop.spec.datasets]
+        return ClientData(
+            train=list(zip(pop.train_x, pop.train_y, strict=True)),
+            test=list(zip(pop.test_x, pop.test_y, strict=True)),
+            class_names=pop.class_names,
+            channels=3,
+            image_size=pop.image_size,
+            description={
+                "name": config.population,
+                "source": " + ".join(sources),
+                "checksum": pop.checksum(),
+                "classes": pop.class_names,
+            },
+            stats=pop.stats(),
+            groups=pop.groups.tolist(),
+        )
+    dataset = datasets[config.dataset]
+    images, labels, partition = partition_dataset(config, dataset)
+    global_test = None
+    if needs_global_test(config):
+        idx = global_test_indices(config, dataset)
+        global_test = (dataset.test_images[idx], dataset.test_labels[idx])
+    return ClientData(
+        train=[(images[i], labels[i]) for i in partition.client_train],
+        test=[(images[i], labels[i]) for i in partition.client_test],
+        class_names=list(dataset.classes),
+        channels=dataset.channels,
+        image_size=dataset.image_size,
+        description={
+            "name": dataset.name,
+            "source": portable_path(dataset.source),
+            "checksum": dataset.checksum,
+            "classes": list(dataset.classes),
+        },
+        stats=partition.stats(),
+        global_test=global_test,
+    )
+
+
+def run_context(
+    config: RunConfig,
+    class_names: list[str],
+    feature_dim: int,
+    groups: list[int] | None = None,
+) -> RunContext:
     return RunContext(
         dataset=config.dataset,
         class_names=list(class_names),
@@ -70,6 +171,7 @@ def run_context(config: RunConfig, class_names: list[str], feature_dim: int) -> 
         device=torch.device(config.device),
         seed=config.seed,
         setting=config.setting,
+        groups=groups,
     )
 
 

@@ -67,6 +67,7 @@ def federated_record(
     history: list[dict[str, Any]],
     wall_seconds: float,
     environment: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A federated run's record: config, code version, data, history, summary, costs."""
@@ -95,6 +96,7 @@ def federated_record(
         "summary": summary if history else {},
         "timings": timing_totals(history, wall_seconds),
         "peak_memory": peak_memory_mb(device),
+        **({"server": server} if server else {}),  # the method's own facts (record_extras)
         **(extra or {}),
         "cache_hit": False,
     }

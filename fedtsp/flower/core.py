@@ -39,10 +39,12 @@ from fedtsp.clients import Client
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
+    Datasets,
+    client_data,
     client_model,
-    global_test_indices,
+    data_identity,
+    load_datasets,
     make_client,
-    partition_dataset,
     resolve_feature_dim,
     run_context,
 )
@@ -56,7 +58,6 @@ from fedtsp.engine.client_round import (
 )
 from fedtsp.engine.loop import checkpoint_due, round_work
 from fedtsp.engine.record import federated_record
-from fedtsp.paths import portable_path
 from fedtsp.results import RunStore, json_default
 from fedtsp.runspec import check_run, run_key
 from fedtsp.seeding import derive_seed, seed_everything
@@ -100,14 +101,14 @@ def arrays_to_message(arrays: dict[str, np.ndarray], device: torch.device) -> Me
 
 
 # ---- the work folder --------------------------------------------------------------------
-def engine_key(config: RunConfig, dataset_checksum: str, engine: str) -> str:
+def engine_key(config: RunConfig, datasets: dict[str, ImageDataset], engine: str) -> str:
     """The run's key: the simulator's key material plus the engine, for provenance."""
-    return run_key(config, {"dataset_checksum": dataset_checksum, "engine": engine})
+    return run_key(config, data_identity(config, datasets) | {"engine": engine})
 
 
 def prepare_workdir(
     config: RunConfig,
-    dataset: ImageDataset,
+    dataset: Datasets,
     workdir: str | Path,
     *,
     out: str | Path,
@@ -140,43 +141,26 @@ def prepare_workdir(
     feature_dim = resolve_feature_dim(config, algorithm_cls, options)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    images, labels, partition = partition_dataset(config, dataset)
-
-    global_idx = global_test_indices(config, dataset)
+    datasets = load_datasets(config, None, dataset)
+    cdata = client_data(config, datasets)
     for i in range(config.num_clients):
-        tr, te = partition.client_train[i], partition.client_test[i]
-        arrays = {
-            "train_x": images[tr],
-            "train_y": labels[tr],
-            "test_x": images[te],
-            "test_y": labels[te],
-        }
+        (train_x, train_y), (test_x, test_y) = cdata.train[i], cdata.test[i]
+        arrays = {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y}
         # The global test set goes where it is scored: every node (global_eval_every), or
         # client 0, whose copy is the global model after every broadcast (gfl).
-        if config.global_eval_every > 0 or round_work(config, 0).gfl_client == i:
-            arrays |= {
-                "global_x": dataset.test_images[global_idx],
-                "global_y": dataset.test_labels[global_idx],
-            }
+        due = config.global_eval_every > 0 or round_work(config, 0).gfl_client == i
+        if due and cdata.global_test is not None:
+            arrays |= {"global_x": cdata.global_test[0], "global_y": cdata.global_test[1]}
         _save_npz(workdir / f"node-{i}.npz", arrays)
-    _save_npz(
-        workdir / "server.npz",
-        {f"train_y_{i}": labels[idx] for i, idx in enumerate(partition.client_train)},
-    )
+    _save_npz(workdir / "server.npz", {f"train_y_{i}": y for i, (_, y) in enumerate(cdata.train)})
     run = {
-        "key": engine_key(config, dataset.checksum, engine),
+        "key": engine_key(config, datasets, engine),
         "engine": engine,
         "config": config.to_dict(),
         "feature_dim": feature_dim,
-        "dataset": {
-            "name": dataset.name,
-            "source": portable_path(dataset.source),
-            "checksum": dataset.checksum,
-            "classes": list(dataset.classes),
-            "channels": dataset.channels,
-            "image_size": dataset.image_size,
-        },
-        "partition": partition.stats(),
+        "dataset": cdata.description | {"channels": cdata.channels, "image_size": cdata.image_size},
+        "partition": cdata.stats,
+        "groups": cdata.groups,
         "out": str(Path(out).resolve()),
         "on_failure": on_failure,
         "round_timeout": float(round_timeout),
@@ -277,7 +261,7 @@ class ServerLoop:
                     len(meta["classes"]),
                 )
             )
-        context = run_context(cfg, meta["classes"], self.run["feature_dim"])
+        context = run_context(cfg, meta["classes"], self.run["feature_dim"], self.run["groups"])
         self.algorithm = get_algorithm(cfg.algorithm)(options, context)
         self.first_broadcast = self.algorithm.setup(clients)
         self.initial_blobs = [_client_blob(c) for c in clients]
@@ -334,6 +318,7 @@ class ServerLoop:
             history=history,
             wall_seconds=wall_seconds,
             environment={"flwr": _flwr_version()},
+            server=self.algorithm.record_extras(),
             extra={"engine": self.run["engine"]} | extra,
         )
 
@@ -393,7 +378,7 @@ class NodeRuntime:
         client = make_client(cfg, index, model, (train_x, train_y), (test_x, test_y), len(classes))
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         algorithm = get_algorithm(cfg.algorithm)(
-            options, run_context(cfg, classes, run["feature_dim"])
+            options, run_context(cfg, classes, run["feature_dim"], run["groups"])
         )
         node = cls(cfg, client, algorithm, global_test)
         node.load_blob(blob)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from fedtsp.config import RunConfig
-from fedtsp.data import ImageDataset, load_dataset
+from fedtsp.engine.build import Datasets, load_datasets
 from fedtsp.flower.core import ClientFailureError, load_run, prepare_workdir
 from fedtsp.results import RunStore
 from fedtsp.runspec import check_run
@@ -315,7 +315,7 @@ def run_flower(
     *,
     engine: str,
     data: str | Path | None = None,
-    dataset: ImageDataset | None = None,
+    dataset: Datasets | None = None,
     out: str | Path = "runs",
     workdir: str | Path | None = None,
     force: bool = False,
@@ -334,8 +334,7 @@ def run_flower(
     """
     require_flower()
     check_run(config)
-    if dataset is None:
-        dataset = load_dataset(config.dataset, data)
+    dataset = load_datasets(config, data, dataset)
     workdir = Path(workdir) if workdir is not None else Path(out) / "flower-work"
     run = prepare_workdir(
         config,

@@ -402,9 +402,12 @@ def resolve_family(name: str) -> tuple[str, ...]:
     """Architectures of family ``name`` (case-insensitive, e.g. ``"HtFE9"`` or ``"htcpu"``)."""
     key = str(name).strip().lower()
     key = _FAMILY_ALIASES.get(key, key)
+    if key.startswith("homo-") and key[len("homo-") :] in ARCHITECTURES:
+        return (key[len("homo-") :],)  # one architecture for every client
     if key not in FAMILIES:
         raise ValueError(
-            f"unknown model family {name!r}; choose one of {', '.join(family_names())}"
+            f"unknown model family {name!r}; choose one of {', '.join(family_names())} "
+            "or homo-<architecture>"
         )
     return FAMILIES[key]
 

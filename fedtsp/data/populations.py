@@ -45,7 +45,7 @@ from fedtsp.data import (
 )
 from fedtsp.errors import UserError
 
-__all__ = ["KINDS", "Population", "PopulationSpec", "build_population"]
+__all__ = ["KINDS", "POPULATIONS", "Population", "PopulationSpec", "build_population"]
 
 KINDS = ("label-groups", "mixed-domain")
 GROUPINGS = ("semantic", "contiguous")
@@ -114,6 +114,37 @@ class PopulationSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self) | {"datasets": list(self.datasets)}
+
+
+# Named populations (RunConfig.population); a run sets num_clients, fraction, train_ratio
+# and the partition seed from its config.
+POPULATIONS: dict[str, PopulationSpec] = {
+    # CIFAR-100 clients from 4 disjoint sets of 5 superclasses (25 fine classes each).
+    "label-groups": PopulationSpec(kind="label-groups", datasets=("cifar100",), num_groups=4),
+    # CIFAR-10 clients and Fashion-MNIST clients (32x32 RGB), one shared 10-way label space.
+    "mixed-domain": PopulationSpec(kind="mixed-domain", datasets=("cifar10", "fmnist")),
+}
+
+
+def named_population(
+    name: str, num_clients: int, fraction: float, train_ratio: float, seed: int
+) -> PopulationSpec:
+    """The named population at a run's size, fraction, split and partition seed."""
+    if name not in POPULATIONS:
+        raise PopulationError(
+            f"population={name!r} is invalid; choose one of {', '.join(POPULATIONS)}"
+        )
+    spec = POPULATIONS[name]
+    return PopulationSpec(
+        **spec.to_dict()
+        | {
+            "datasets": spec.datasets,
+            "num_clients": num_clients,
+            "fraction": fraction,
+            "train_ratio": train_ratio,
+            "seed": seed,
+        }
+    ).validate()
 
 
 @dataclass

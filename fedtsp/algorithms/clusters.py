@@ -1,0 +1,186 @@
+"""Clustered FL: one model per cluster of clients, FedAvg inside each cluster.
+
+The shared mechanism of FedAvg in fixed clusters (this file's ``clusters`` method), FMCL,
+PACFL, IFCA and CFL. The server keeps a cluster per client and one model per cluster; it
+sends each client its cluster's model (``configure``: one message per client); a client
+trains the whole model with cross-entropy and uploads its floating-point state with its
+train size; the server averages each cluster's uploads, sample-weighted (a cluster nobody
+trained in keeps its model). Every client starts from one model (client 0's initial
+weights, as a FedAvg server sends its global model in round 0).
+
+Evaluation is personalised (setting ``pfl``): every client scores the model of its cluster
+on its own test split, before the next round's training.
+
+Methods that find their clusters from a one-shot upload (FMCL's signatures, PACFL's
+subspaces) send it with the first upload of round 0 and cluster before that round's
+averaging. Round 0's training starts from the one common model in every cluster, so this
+is the same as clustering in a set-up exchange before training, without a message type of
+its own; its bytes count in round 0's upload.
+
+``clusters``: ``one`` (plain FedAvg, one cluster), ``each`` (Local: every client alone, no
+communication) or ``truth`` (the population's planted groups: the oracle clustering aims
+for; needs a population run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from torch import Tensor
+
+from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.fedavg import (
+    average_model_messages,
+    load_model_message,
+    model_message,
+    with_sample_count,
+)
+from fedtsp.clients import Client
+from fedtsp.clustering.oneshot import ClusteringOptions, canonical_labels
+
+FIXED_CLUSTERS = ("one", "each", "truth")
+
+
+class ClusteredFedAvg(Algorithm):
+    """Per-cluster FedAvg; subclasses decide the clusters (``initial_assignment``,
+    ``cluster_from``) and may add to the uploads (``extra_upload``)."""
+
+    settings = ("pfl",)
+    communicates = True  # False: Local, nothing is sent
+
+    # ---- server half ------------------------------------------------------------------
+    def setup(self, clients: list[Client]) -> Message:
+        self.start = model_message(clients[0].model)
+        self.models: dict[int, Message] = {}
+        found = self.initial_assignment()
+        self.assignment = None if found is None else np.asarray(found, dtype=np.int64)
+        self.diagnostics: dict[str, Any] = {}
+        return self.start if self.communicates else None
+
+    def initial_assignment(self) -> np.ndarray | None:
+        """The clusters known before any upload (None: found from the first uploads)."""
+        return None
+
+    def cluster_from(self, uploads: dict[int, Message]) -> np.ndarray:
+        """The clusters from the first round's uploads (one-shot methods)."""
+        raise NotImplementedError
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        if self.assignment is None:
+            self.assignment = canonical_labels(self.cluster_from(uploads))
+        if not self.communicates:
+            return
+        for k in sorted(set(self.assignment.tolist())):
+            members = [uploads[i] for i in uploads if self.assignment[i] == k]
+            if members:
+                self.models[k] = average_model_messages(members)
+
+    def configure(self, round_index: int, client_ids: list[int]) -> dict[int, Message]:
+        if not self.communicates:
+            return dict.fromkeys(client_ids, {})
+        return {i: self.models.get(int(self.assignment[i]), self.start) for i in client_ids}
+
+    def round_metrics(self) -> dict[str, Any]:
+        return {"num_clusters": int(len(set(self.assignment.tolist())))}
+
+    def record_extras(self) -> dict[str, Any]:
+        found = None if self.assignment is None else self.assignment.tolist()
+        return {"assignment": found, "clustering": self.diagnostics}
+
+    def state_dict(self) -> dict[str, Any]:
+        keep = ("start", "models", "assignment", "diagnostics")
+        return {name: getattr(self, name) for name in keep}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+
+    # ---- client half --------------------------------------------------------------------
+    def upload(self, client: Client) -> Message:
+        if not self.communicates:
+            return {}
+        message = with_sample_count(client, model_message(client.model))
+        if not client.state.get("sent_descriptor"):
+            client.state["sent_descriptor"] = True
+            message |= self.extra_upload(client)
+        return message
+
+    def extra_upload(self, client: Client) -> dict[str, Tensor]:
+        """What a one-shot method adds to a client's first upload."""
+        return {}
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        if broadcast:
+            load_model_message(client.model, broadcast)
+
+
+@dataclass
+class FixedClustersOptions:
+    clusters: str = option("one", "one (FedAvg), each (Local) or truth (the planted groups)")
+
+    def validate(self) -> None:
+        if self.clusters not in FIXED_CLUSTERS:
+            raise ValueError(
+                f"clusters={self.clusters!r} is invalid; choose one of {', '.join(FIXED_CLUSTERS)}"
+            )
+
+
+@register
+class FixedClusters(ClusteredFedAvg):
+    name = "clusters"
+    Options = FixedClustersOptions
+
+    def __init__(self, options: Any, ctx: Any) -> None:
+        super().__init__(options, ctx)
+        self.communicates = options.clusters != "each"
+
+    def initial_assignment(self) -> np.ndarray:
+        n, how = self.ctx.num_clients, self.opts.clusters
+        if how == "truth":
+            if self.ctx.groups is None:
+                raise ValueError(
+                    "clusters='truth' needs a population with planted groups (--population)"
+                )
+            return np.asarray(self.ctx.groups)
+        return np.zeros(n, dtype=np.int64) if how == "one" else np.arange(n)
+
+
+@dataclass
+class ClusteringFields:
+    """The one-shot clustering of a distance matrix (`fedtsp.clustering.oneshot`)."""
+
+    method: str = option("agglomerative", "agglomerative (on the distances) or kmeans (on MDS)")
+    linkage: str = option("average", "agglomerative linkage: average, complete or single")
+    num_clusters: int | None = option(None, "a fixed k; none: chosen by `selection`")
+    selection: str = option("silhouette", "silhouette (best k in 2..max_clusters) or threshold")
+    max_clusters: int = option(10, "largest k the silhouette selection tries")
+    min_silhouette: float = option(0.1, "below this best silhouette: one cluster")
+    distance_threshold: float = option(0.5, "selection=threshold: dendrogram cut")
+
+    def clustering(self) -> ClusteringOptions:
+        return ClusteringOptions(
+            method=self.method,
+            linkage=self.linkage,
+            num_clusters=self.num_clusters,
+            selection=self.selection,
+            max_clusters=self.max_clusters,
+            min_silhouette=self.min_silhouette,
+            distance_threshold=self.distance_threshold,
+        )
+
+    def validate(self) -> None:
+        self.clustering().validate()
+
+
+def jsonable(info: dict[str, Any]) -> dict[str, Any]:
+    """A clustering's diagnostics (arrays, int-keyed dicts) as JSON-ready values."""
+    out = {}
+    for key, value in info.items():
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        elif isinstance(value, dict):
+            value = {str(k): v for k, v in value.items()}
+        out[key] = value
+    return out
