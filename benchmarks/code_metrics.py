@@ -7,7 +7,8 @@ function-level imports, the largest modules.
 Code lines are the lines that hold code: blank lines, comment lines and docstrings do not
 count. A method's HtFLlib size is its client file plus its server file
 (``system/flcore/{clients,servers}/``); without ``--htfllib`` that column stays empty. A round
-loop is a ``for`` over ``range(...)`` whose bounds name the rounds. Repeated blocks are runs
+loop is a ``for`` over ``range(...)`` whose bounds name the rounds or whose body calls a
+``round``. Repeated blocks are runs
 of six or more code lines that stand in two places identically once indentation is folded
 (import statements left out); a run that repeats a longer one is not counted again. A
 function-level import is an import inside a function body, outside ``if TYPE_CHECKING``.
@@ -109,7 +110,16 @@ def round_loops(tree: ast.AST) -> list[int]:
         if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "tqdm":
             it = it.args[0] if it.args else it
         is_range = isinstance(it, ast.Call) and isinstance(it.func, ast.Name)
-        if is_range and it.func.id == "range" and "round" in ast.unparse(it).lower():
+        if not (is_range and it.func.id == "range"):
+            continue
+        # A loop over rounds names them in its bounds, or runs one round per step.
+        calls = [
+            ast.unparse(c.func).rsplit(".", 1)[-1]
+            for stmt in node.body
+            for c in ast.walk(stmt)
+            if isinstance(c, ast.Call)
+        ]
+        if "round" in ast.unparse(it).lower() or "round" in calls:
             found.append(node.lineno)
     return found
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedtsp.data import dataset_info
 from fedtsp.errors import UserError
 
 __all__ = [
@@ -336,7 +337,6 @@ def validate_descriptions(
 
 
 def _dataset_name(dataset: str) -> str:
-    from fedtsp.data import dataset_info
 
     return dataset_info(dataset).name
 

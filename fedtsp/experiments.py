@@ -67,6 +67,7 @@ class DataSource:
         # "auto" also falls back to the default places (e.g. Fashion-MNIST's Debian folder)
         # for a dataset the chosen folder does not hold. `loaded`: datasets already in memory.
         self.auto = data in (None, "", "auto")
+        self.requested = data  # as given: a worker process rebuilds the same source from it
         self.data = resolve_data(data)
         self.synthetic_per_class = synthetic_per_class
         self._loaded: dict[str, ImageDataset] = dict(loaded or {})
@@ -170,7 +171,7 @@ def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any
 
 
 def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: str) -> Any:
-    return _run_one(config, DataSource(data, per_class), store)
+    return _run_one(config, DataSource(data, per_class), store)  # data: DataSource.requested
 
 
 def single_thread_worker() -> None:
@@ -217,7 +218,11 @@ def run_all(
             ) as pool:
                 futures = {
                     pool.submit(
-                        _run_in_worker, config, source.data, source.synthetic_per_class, str(store)
+                        _run_in_worker,
+                        config,
+                        source.requested,
+                        source.synthetic_per_class,
+                        str(store),
                     ): (key, config)
                     for key, config in todo.items()
                 }

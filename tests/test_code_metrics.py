@@ -86,3 +86,8 @@ def test_an_upward_import_is_found_and_the_package_has_none():
         if (REPO / "fedtsp" / f"{u}.py").exists() or (REPO / "fedtsp" / u / "__init__.py").exists()
     }
     assert code <= placed, f"units in no layer: {sorted(code - placed)}"
+
+
+def test_a_loop_that_runs_one_round_per_step_is_a_round_loop():
+    tree = ast.parse("for t in range(a, b):\n    row = loop.round(t)\nfor i in range(3):\n    f(i)\n")
+    assert cm.round_loops(tree) == [1]

@@ -269,11 +269,8 @@ def test_api_key_never_leaks(api, sleeps, tmp_path, capsys, caplog):
     with pytest.raises(d.DescribeError) as info:
         d.describe(
             "cifar10",
-            "gpt-test",
-            base_url=api.url,
+            d.Backend("gpt-test", base_url=api.url, timeout=0.5, api_key_env=KEY_ENV),
             out=out,
-            timeout=0.5,
-            api_key_env=KEY_ENV,
             progress=True,
         )
     exc = info.value

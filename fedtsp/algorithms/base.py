@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedtsp.config import ConfigError
+
 if typing.TYPE_CHECKING:
     from fedtsp.clients import Client
 
@@ -228,7 +230,6 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 
 def resolve_options(name: str, values: dict[str, Any]) -> Any:
     """Build the algorithm's Options from a dict, rejecting unknown keys and bad types."""
-    from fedtsp.config import ConfigError
 
     cls = get_algorithm(name)
     fields = {f.name: f for f in dataclasses.fields(cls.Options)}

@@ -57,6 +57,9 @@ from fedtsp.descriptions import (
     resolve_description_set,
     validate_descriptions,
 )
+from fedtsp.models.prompts import PROMPT_POSITIONS, PromptLearner
+from fedtsp.models.text import build_text_encoder, text_encoder_names, text_encoder_width
+from fedtsp.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
 
 PROMPT_VARIANTS = ("manual", "short", "long")
 # Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.
@@ -99,7 +102,6 @@ class FedTSPOptions:
     )
 
     def validate(self) -> None:
-        from fedtsp.models.text import text_encoder_names
 
         if self.text_encoder not in text_encoder_names():
             raise ValueError(
@@ -114,7 +116,6 @@ class FedTSPOptions:
             raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
         if not self.server_lr > 0:
             raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
-        from fedtsp.models.prompts import PROMPT_POSITIONS
 
         if self.prompt_position not in PROMPT_POSITIONS:
             raise ValueError(
@@ -129,7 +130,6 @@ class FedTSPOptions:
             )
         if self.description_set is not None:
             resolve_description_set(self.description_set)
-        from fedtsp.privacy import check_dp_parameters
 
         check_dp_parameters(
             1.0 if self.dp_epsilon is None else self.dp_epsilon, self.dp_delta, self.dp_clip
@@ -157,7 +157,6 @@ class FedTSP(Algorithm):
 
     @classmethod
     def required_feature_dim(cls, options: FedTSPOptions) -> int:
-        from fedtsp.models.text import text_encoder_width
 
         return text_encoder_width(options.text_encoder)
 
@@ -167,8 +166,6 @@ class FedTSP(Algorithm):
         return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
 
     def setup(self, clients: list[Client]) -> Message:
-        from fedtsp.models.prompts import PromptLearner
-        from fedtsp.models.text import build_text_encoder
 
         opts = self.opts
         if opts.dp_client >= self.ctx.num_clients:
@@ -199,7 +196,6 @@ class FedTSP(Algorithm):
         The learner tokenised the prompts only to lay out the sequences (the upload carries
         the same lengths); from here on the server encodes nothing but the noisy embeddings.
         """
-        from fedtsp.privacy import add_fixed_noise, privatize_sequences
 
         opts, learner = self.opts, self.learner
         if opts.dp_epsilon is None and opts.dp_noise_std is None:

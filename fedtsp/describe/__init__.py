@@ -20,11 +20,13 @@ The output file is rewritten atomically after every class, so an interrupted run
 it stopped (classes already in the file are kept and skipped; ``--force`` regenerates them).
 
 The package, one concept a module: `prompts` (the request and the answer's schema),
-`providers` (the two chat back ends), `classes` (which classes a file covers), `generate`
+`providers` (the two chat back ends), `backend` (`Backend`: which model writes, and how
+to reach it), `classes` (which classes a file covers), `generate`
 (asking class by class: retries, resume, atomic writes), `command` (`describe()` and the
 CLI), `errors`.
 """
 
+from fedtsp.describe.backend import Backend
 from fedtsp.describe.classes import resolve_classes
 from fedtsp.describe.command import add_describe_parser, describe, run_describe
 from fedtsp.describe.errors import (
@@ -54,6 +56,7 @@ from fedtsp.describe.providers import (
 )
 
 __all__ = [
+    "Backend",
     "DEFAULT_API_KEY_ENV",
     "DEFAULT_BASE_URL",
     "PROVIDERS",

@@ -7,6 +7,7 @@ import logging
 import zipfile
 from pathlib import Path
 
+from fedtsp.data import dataset_info
 from fedtsp.describe.errors import DescribeInputError
 from fedtsp.describe.prompts import VARIANTS, ClassSpec
 from fedtsp.descriptions import DESCRIPTION_SETS_DIR
@@ -77,7 +78,6 @@ def resolve_classes(
     Without wnids.txt the class list comes from a words file listing exactly the dataset's
     classes, else from the committed description set (`COMMITTED_SETS`), else it is an error.
     """
-    from fedtsp.data import dataset_info
 
     try:
         info = dataset_info(dataset)

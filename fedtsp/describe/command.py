@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from fedtsp import environment
+from fedtsp.describe.backend import Backend
 from fedtsp.describe.classes import resolve_classes
 from fedtsp.describe.errors import DescribeError, DescribeInputError
 from fedtsp.describe.generate import existing_entries, generate_descriptions, today
@@ -27,10 +27,7 @@ from fedtsp.describe.providers import (
     DEFAULT_BASE_URL,
     PROVIDERS,
     ChatClient,
-    LocalChat,
-    OpenAIChat,
     mask_secret,
-    public_url,
 )
 from fedtsp.errors import one_line
 
@@ -40,99 +37,58 @@ EXIT_FAILED = 1
 
 def describe(
     dataset: str,
-    model: str,
+    backend: Backend | str,
     *,
     variant: str = "long",
-    provider: str = "openai",
-    base_url: str = DEFAULT_BASE_URL,
     out: str | Path | None = None,
     k: int = 3,
-    timeout: float = 60.0,
-    retries: int = 5,
-    api_key_env: str = DEFAULT_API_KEY_ENV,
     wnids: str | Path | None = None,
     class_words: str | Path | None = None,
     force: bool = False,
-    temperature: float | None = None,
-    max_tokens: int | None = None,
-    device: str = "auto",
     progress: bool = True,
     client: ChatClient | None = None,
 ) -> Path:
     """Write (or complete) the description file of `dataset`; returns its path.
 
-    Every input is checked before the first request (`DescribeInputError`). `client` replaces
-    the provider's client (for tests and custom back ends). Generation failures raise
-    `DescribeError` naming the class.
+    ``backend``: the model that writes (a `Backend`, or a model id for the default
+    OpenAI-compatible API). Every input is checked before the first request
+    (`DescribeInputError`). `client` replaces the backend's client (for tests and custom
+    back ends). Generation failures raise `DescribeError` naming the class.
     """
+    backend = Backend(backend) if isinstance(backend, str) else backend
     check_variant(variant)
     check_k(k)
-    if provider not in PROVIDERS:
-        raise DescribeInputError(
-            f"provider must be one of {', '.join(PROVIDERS)}, got {provider!r}"
-        )
-    if not isinstance(model, str) or not model.strip():
-        raise DescribeInputError("--model must name a model (a model id or a local folder)")
-    if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-        raise DescribeInputError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise DescribeInputError(f"retries must be an integer >= 0, got {retries!r}")
-    if max_tokens is not None and max_tokens < 1:
-        raise DescribeInputError(f"max tokens must be >= 1, got {max_tokens!r}")
+    backend.check()
     name, title, classes = resolve_classes(dataset, wnids=wnids, class_words=class_words)
-
-    secret: str | None = None
-    if provider == "openai":
-        if not re.fullmatch(r"https?://[^\s]+", base_url or ""):
-            raise DescribeInputError(f"--base-url must be an http(s) URL, got {base_url!r}")
-        if not api_key_env or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
-            raise DescribeInputError(
-                f"--api-key-env must name an environment variable, got {api_key_env!r}"
-            )
-        secret = environment.secret(api_key_env)
-        if client is None and secret is None:
-            raise DescribeInputError(
-                f"environment variable {api_key_env} holds no API key; set it "
-                "(the key is read only from the environment) or name another with --api-key-env"
-            )
-        model_id = model.strip()
-        written_by = f"{model_id} via an OpenAI-compatible API ({public_url(base_url)})"
-        generation: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-    else:
-        model_id = Path(model).expanduser().name or model
-        written_by = f"{model_id} (local transformers model, greedy decoding)"
-        generation = {"decoding": "greedy", "max_new_tokens": max_tokens or 512}
-
+    secret = backend.secret()
+    if backend.provider == "openai" and client is None and secret is None:
+        raise DescribeInputError(
+            f"environment variable {backend.api_key_env} holds no API key; set it (the key "
+            "is read only from the environment) or name another with --api-key-env"
+        )
     meta = {
         "dataset": name,
         "variant": variant,
         "k": k,
-        "written_by": written_by,
-        "provider": provider,
-        "model": model_id,
+        "written_by": None,
+        "provider": backend.provider,
+        "model": backend.model_id,
         "date": today(),
         "instruction": instruction_text(variant, k),
         "request": request_template(title),
-        "generation": generation,
+        "generation": None,
         "schema": SCHEMA,
-    }
+    } | backend.provenance()
     out_path = Path(out).expanduser() if out is not None else Path(f"{name}_{variant}.json")
     # Refuse a foreign or incompatible file before loading a model or sending a request.
     existing_entries(out_path, meta, classes, force, warn=False)
-
-    if client is None:
-        if provider == "openai":
-            assert secret is not None
-            client = OpenAIChat(model_id, secret, base_url, timeout, temperature, max_tokens)
-        else:
-            client = LocalChat(model, max_new_tokens=max_tokens or 512, device=device)
     generate_descriptions(
         classes,
-        client,
+        client or backend.client(secret),
         out_path,
         meta,
         dataset_title=title,
-        retries=retries,
+        retries=backend.retries,
         force=force,
         progress=progress,
         secret=secret,
@@ -196,23 +152,26 @@ def run_describe(args: argparse.Namespace) -> int:
     env = getattr(args, "api_key_env", DEFAULT_API_KEY_ENV) or DEFAULT_API_KEY_ENV
     secret = environment.secret(env) if re.fullmatch(r"\w+", env) else None
     try:
-        path = describe(
-            args.dataset,
-            args.model,
-            variant=args.variant,
+        backend = Backend(
+            model=args.model,
             provider=args.provider,
             base_url=args.base_url,
-            out=args.out,
-            k=args.k,
+            api_key_env=env,
             timeout=args.timeout,
             retries=args.retries,
-            api_key_env=env,
-            wnids=args.wnids,
-            class_words=args.class_words,
-            force=args.force,
             temperature=args.temperature,
             max_tokens=args.max_tokens,
             device=args.device,
+        )
+        path = describe(
+            args.dataset,
+            backend,
+            variant=args.variant,
+            out=args.out,
+            k=args.k,
+            wnids=args.wnids,
+            class_words=args.class_words,
+            force=args.force,
             progress=not args.no_progress,
         )
     except DescribeInputError as exc:
