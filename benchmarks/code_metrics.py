@@ -285,12 +285,56 @@ def table(metrics: dict[str, Any]) -> str:
     return "\n".join(rows) + f"\n\nfedtsp code {metrics['code_version']}.\n"
 
 
+def change_table(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The engine's shape before and after a change, side by side (Markdown)."""
+
+    def row(name: str, value: Any) -> str:
+        return f"| {name} | {value(before)} | {value(after)} |"
+
+    def largest(m: dict[str, Any]) -> str:
+        top = m["largest_modules"][0]
+        return f"{top['module']} ({top['code_lines']})"
+
+    def ratio(m: dict[str, Any]) -> str:
+        r = m["methods_ratio_overall"]
+        return "-" if r is None else f"{r:.2f}x"
+
+    return (
+        "\n".join(
+            [
+                f"| measure | before ({before['code_version']}) | after ({after['code_version']}) |",
+                "|---|---|---|",
+                row("round loops", lambda m: m["round_loops"]["count"]),
+                row("method files / HtFLlib client + server (10 methods)", ratio),
+                row(
+                    f"repeated blocks of >= {MIN_REPEAT} identical code lines",
+                    lambda m: m["repeated_blocks"]["count"],
+                ),
+                row("function-level imports", lambda m: m["function_level_imports"]["count"]),
+                row(
+                    "module-level imports of a higher layer",
+                    lambda m: m.get("upward_imports", {}).get("count", "not measured"),
+                ),
+                row("largest module (code lines)", largest),
+                row(
+                    "package modules / code lines",
+                    lambda m: f"{m['modules']} / {m['package_code_lines']}",
+                ),
+            ]
+        )
+        + "\n"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--htfllib", help="HtFLlib checkout (holds system/flcore)")
     parser.add_argument("--out", default=str(REPO_ROOT / "benchmarks" / "results"))
     parser.add_argument("--htfllib-version", help="its commit, recorded with the numbers")
     parser.add_argument("--stem", default="code_metrics", help="output file names, .json / .md")
+    parser.add_argument(
+        "--baseline", help="an earlier run's JSON: also write <stem>_change.md, before and after"
+    )
     args = parser.parse_args(argv)
     htfllib = Path(args.htfllib) if args.htfllib else None
     if htfllib is not None and not (htfllib / "system" / "flcore").is_dir():
@@ -302,6 +346,10 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{args.stem}.json").write_text(json.dumps(metrics, indent=1) + "\n")
     (out / f"{args.stem}.md").write_text(table(metrics))
     print(table(metrics))
+    if args.baseline:
+        before = json.loads(Path(args.baseline).read_text())
+        (out / f"{args.stem}_change.md").write_text(change_table(before, metrics))
+        print(change_table(before, metrics))
     return 0
 
 

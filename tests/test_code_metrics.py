@@ -89,5 +89,30 @@ def test_an_upward_import_is_found_and_the_package_has_none():
 
 
 def test_a_loop_that_runs_one_round_per_step_is_a_round_loop():
-    tree = ast.parse("for t in range(a, b):\n    row = loop.round(t)\nfor i in range(3):\n    f(i)\n")
+    tree = ast.parse(
+        "for t in range(a, b):\n    row = loop.round(t)\nfor i in range(3):\n    f(i)\n"
+    )
     assert cm.round_loops(tree) == [1]
+
+
+def test_the_readme_shows_the_committed_before_and_after_table():
+    committed = (REPO / "benchmarks" / "results" / "code_metrics_change.md").read_text()
+    readme = (REPO / "README.md").read_text()
+    start, end = "<!-- code-metrics:change -->\n", "<!-- /code-metrics:change -->"
+    assert readme.split(start, 1)[1].split(end, 1)[0] == committed
+    before = {
+        "code_version": "aaa",
+        "round_loops": {"count": 5},
+        "methods_ratio_overall": 0.64,
+        "repeated_blocks": {"count": 4},
+        "function_level_imports": {"count": 78},
+        "largest_modules": [{"module": "x.py", "code_lines": 845}],
+        "modules": 71,
+        "package_code_lines": 10991,
+    }
+    after = before | {"code_version": "bbb", "round_loops": {"count": 1}}
+    after |= {"upward_imports": {"count": 0}}
+    lines = cm.change_table(before, after).splitlines()
+    assert lines[0] == "| measure | before (aaa) | after (bbb) |"
+    assert "| round loops | 5 | 1 |" in lines
+    assert "| module-level imports of a higher layer | not measured | 0 |" in lines
