@@ -49,7 +49,14 @@ def tiny_config(**changes) -> RunConfig:
 
 
 # Config fields added after the first run records, each hash-neutral at its default.
-LATER_FIELDS = ("setting", "channels_last", "batch_order", "client_init", "undersized_clients")
+LATER_FIELDS = (
+    "setting",
+    "channels_last",
+    "batch_order",
+    "client_init",
+    "undersized_clients",
+    "population",
+)
 
 
 def key_before_fields(config: RunConfig, extra: dict | None = None) -> str:

@@ -46,7 +46,9 @@ def test_settings_are_validated_with_clear_errors():
         check_run(tiny_config(algorithm="fedavg", setting="gfl"))  # htfe-cpu: 4 architectures
     with pytest.raises(ConfigError, match=r"runs in setting\(s\) gfl, not htfl"):
         check_run(tiny_config(algorithm="fedavg"))
-    with pytest.raises(ConfigError, match="setting pfl offers fedavg-ft, fedbabu-ft"):
+    with pytest.raises(
+        ConfigError, match="setting pfl offers cfl, clusters, fedavg-ft, fedbabu-ft"
+    ):
         check_run(homo_config("fedbabu", "pfl"))
     with pytest.raises(ConfigError, match="setting='xfl' is invalid"):
         check_run(homo_config("fedavg", "xfl"))
@@ -65,6 +67,7 @@ def test_later_config_fields_keep_old_run_keys_at_their_defaults():
         "batch_order": "fixed",
         "client_init": "shared",
         "undersized_clients": "skip",
+        "population": "label-groups",
     }
     assert set(changed) == set(LATER_FIELDS)
     keys = {config.replace(**{name: value}).key() for name, value in changed.items()}

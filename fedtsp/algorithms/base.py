@@ -3,7 +3,7 @@
 A method is one subclass holding only what makes it different. Its hooks form two halves
 that share nothing but messages: the engine (:mod:`fedtsp.engine.loop`) calls the server
 half (``setup``, ``aggregate``, ``configure``, ``round_metrics``, ``artifacts``,
-``state_dict``) on one object and the client half (``client_parameters``,
+``record_extras``, ``state_dict``) on one object and the client half (``client_parameters``,
 ``prepare_evaluation``, ``predict``, ``train_loss`` / ``local_loss``, ``before_step``,
 ``upload``, ``receive``) on another, once per round:
 
