@@ -1,4 +1,5 @@
-"""A federated client: its data as device tensors, its model, optimiser and algorithm state.
+"""A federated client: its data as device tensors, its model, optimiser and the method's
+per-client state, and the facts about it that the server may learn in set-up.
 
 Data stays on the client's device for the whole run and is batched with index
 permutations, so no per-batch copies or DataLoader workers are involved.
@@ -10,7 +11,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,7 +24,6 @@ from fedtsp.models.families import ClientModel
 # local training (the paper's Eq. 5); "training", the mean over the features of this round's
 # training forward passes, all local epochs (the authors' and HtFLlib's code; no extra pass).
 PROTOTYPE_SOURCES = ("pass", "training")
-_TRAIN_SUMS = "_training_class_sums"  # client.state key of the running (sums, seen)
 
 
 def check_prototype_source(source: str, name: str = "prototype_source") -> None:
@@ -49,6 +49,26 @@ class EvalResult:
         return self.correct / max(self.total, 1)
 
 
+@dataclass(frozen=True)
+class ClientFacts:
+    """What a client tells the server in set-up: sizes, label counts and its architecture,
+    never its data or its model (the server half sets up from these alone)."""
+
+    index: int
+    arch: str
+    num_train: int
+    class_counts: tuple[int, ...]
+    in_channels: int
+    image_size: int
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self) | {"class_counts": list(self.class_counts)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ClientFacts:
+        return cls(**data | {"class_counts": tuple(data["class_counts"])})
+
+
 @dataclass
 class Client:
     index: int
@@ -58,7 +78,9 @@ class Client:
     test_x: Tensor
     test_y: Tensor
     num_classes: int
-    state: dict[str, Any] = field(default_factory=dict)  # algorithm's per-client state
+    # The method's per-client state: an instance of its ``State`` dataclass (set up by the
+    # engine through ``Algorithm.init_client``).
+    state: Any = None
     round: int = 0  # the round the server's latest request named (set by the engine)
     optimizer: torch.optim.Optimizer | None = None
     model_seconds: float = 0.0  # time inside forward/backward/step, for overhead accounting
@@ -68,6 +90,8 @@ class Client:
     shuffle: bool = True
     # False: fewer training samples than one batch give no batch (RunConfig.undersized_clients).
     train_undersized: bool = True
+    # This round's running per-class (sums, seen) of training features (record_class_sums).
+    class_sums: tuple[Tensor, Tensor] | None = None
 
     @property
     def num_train(self) -> int:
@@ -79,6 +103,16 @@ class Client:
 
     def class_counts(self) -> Tensor:
         return torch.bincount(self.train_y, minlength=self.num_classes)
+
+    def facts(self) -> ClientFacts:
+        return ClientFacts(
+            index=self.index,
+            arch=self.model.arch,
+            num_train=self.num_train,
+            class_counts=tuple(int(c) for c in self.class_counts().tolist()),
+            in_channels=int(self.train_x.shape[1]),
+            image_size=int(self.train_x.shape[-1]),
+        )
 
     def batches(self, batch_size: int, generator: torch.Generator) -> list[Tensor]:
         """Index batches of one epoch, shuffled unless ``self.shuffle`` is False.
@@ -179,10 +213,10 @@ class Client:
 
     def record_class_sums(self, values: Tensor, y: Tensor) -> None:
         """Add one training batch's features (or logits) to this round's per-class sums."""
-        if _TRAIN_SUMS not in self.state:
+        if self.class_sums is None:
             sums = torch.zeros(self.num_classes, values.shape[1], device=values.device)
-            self.state[_TRAIN_SUMS] = (sums, torch.zeros(self.num_classes, device=values.device))
-        sums, seen = self.state[_TRAIN_SUMS]
+            self.class_sums = (sums, torch.zeros(self.num_classes, device=values.device))
+        sums, seen = self.class_sums
         sums.index_add_(0, y, values.detach().float())
         seen.index_add_(0, y, torch.ones_like(y, dtype=seen.dtype))
 
@@ -198,18 +232,18 @@ class Client:
         """
         if source == "pass":
             return self.class_prototypes()
-        if _TRAIN_SUMS not in self.state:
+        if self.class_sums is None:
             width = width or self.model.feature_dim
             zeros = torch.zeros(self.num_classes, width, device=self.device)
             return zeros, torch.zeros_like(self.class_counts())
-        sums, seen = self.state.pop(_TRAIN_SUMS)
+        (sums, seen), self.class_sums = self.class_sums, None
         return sums / seen.clamp(min=1).unsqueeze(1), seen.round().long()
 
     def state_dict(self) -> dict[str, Any]:
         # Modules in the algorithm's state (e.g. a shared model) are saved as weights only.
         state = {
             k: {_MODULE_KEY: v.state_dict()} if isinstance(v, torch.nn.Module) else v
-            for k, v in self.state.items()
+            for k, v in vars(self.state).items()
         }
         return {
             "model": self.model.state_dict(),
@@ -224,9 +258,9 @@ class Client:
         for key, value in saved["state"].items():
             if isinstance(value, dict) and _MODULE_KEY in value:
                 # Load in place: the optimiser holds this module's parameter objects.
-                self.state[key].load_state_dict(value[_MODULE_KEY])
+                getattr(self.state, key).load_state_dict(value[_MODULE_KEY])
             else:
-                self.state[key] = value
+                setattr(self.state, key, value)
 
 
 _MODULE_KEY = "__module_state__"

@@ -2,8 +2,8 @@
 
 The round itself is the engine's (:class:`fedtsp.engine.loop.RoundLoop`); this module is
 its in-process transport: the client halves run here, phase by phase over all clients
-(evaluate all, train all, upload all), on a client-side copy of the method that shares
-nothing with the server's copy but messages. A checkpoint is written after every round;
+(set-up; then evaluate all, train all, upload all), on a client-side copy of the method
+that shares nothing with the server's copy but messages. A checkpoint is written after every round;
 the random state of round t is derived from (seed, t) alone, so a resumed run continues
 exactly as an uninterrupted one would.
 """
@@ -28,8 +28,8 @@ from fedtsp.engine.build import (
     ClientData,
     Datasets,
     client_data,
-    client_model,
     data_identity,
+    initial_models,
     load_datasets,
     make_client,
     resolve_feature_dim,
@@ -40,14 +40,14 @@ from fedtsp.engine.client_round import (
     RoundWork,
     evaluate_client,
     receive_client,
+    set_up_client,
     train_client,
     upload_client,
 )
-from fedtsp.engine.loop import RoundLoop, checkpoint_due
+from fedtsp.engine.loop import RoundLoop, checkpoint_due, set_up_server, setup_bytes
 from fedtsp.engine.record import federated_record
 from fedtsp.results import RunStore
 from fedtsp.runspec import check_run
-from fedtsp.seeding import seed_everything
 
 log = logging.getLogger("fedtsp")
 
@@ -68,6 +68,7 @@ class PreparedRun:
     client_algorithm: Algorithm
     first_broadcast: Message | None
     global_test: tuple[torch.Tensor, torch.Tensor] | None
+    setup: dict[str, float]  # the set-up messages' bytes (engine.loop.setup_bytes)
 
     def loop(self) -> RoundLoop:
         return RoundLoop(
@@ -90,11 +91,7 @@ class InProcess:
             replies[client.index] = evaluate_client(algo, client, work, run.global_test)
         if work.train:
             for client in run.clients:
-                start = time.perf_counter()
-                replies[client.index].train_loss = train_client(
-                    algo, client, run.config, work.round
-                )
-                replies[client.index].timings["train"] = time.perf_counter() - start
+                train_client(algo, client, run.config, replies[client.index])
             for client in run.clients:
                 upload_client(algo, client, replies[client.index])
         for client, before in zip(run.clients, model_before, strict=True):
@@ -128,27 +125,33 @@ def prepare(
     device = torch.device(config.device)
     cdata = client_data(config, datasets)
 
-    seed_everything(config.seed)
-
     def tensors(arrays: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         x = device_images(arrays[0], device, config.channels_last)
         return x, torch.from_numpy(arrays[1]).long().to(device)
 
     classes = len(cdata.class_names)
-    clients = []
-    for i in range(config.num_clients):
-        model = client_model(config, i, classes, feature_dim, cdata.channels, cdata.image_size)
-        train, test = tensors(cdata.train[i]), tensors(cdata.test[i])
-        clients.append(make_client(config, i, model, train, test, classes))
-
+    models, rng = initial_models(config, classes, feature_dim, cdata.channels, cdata.image_size)
+    clients = [
+        make_client(config, i, model, tensors(cdata.train[i]), tensors(cdata.test[i]), classes)
+        for i, model in enumerate(models)
+    ]
     ctx = run_context(config, cdata.class_names, feature_dim, cdata.groups)
-    algorithm = algorithm_cls(options, ctx)
-    first = algorithm.setup(clients)
     client_algorithm = algorithm_cls(options, ctx)
-    for client in clients:
-        client.optimizer = torch.optim.SGD(client_algorithm.client_parameters(client), lr=config.lr)
+    replies = {c.index: set_up_client(client_algorithm, c, config, rng) for c in clients}
+    algorithm = algorithm_cls(options, ctx)
+    first = set_up_server(algorithm, replies, rng)
     global_test = None if cdata.global_test is None else tensors(cdata.global_test)
-    return PreparedRun(config, key, cdata, clients, algorithm, client_algorithm, first, global_test)
+    return PreparedRun(
+        config,
+        key,
+        cdata,
+        clients,
+        algorithm,
+        client_algorithm,
+        first,
+        global_test,
+        setup_bytes(replies, first),
+    )
 
 
 def _save_checkpoint(store: RunStore, run: PreparedRun, round_index: int, history: list) -> None:
@@ -240,8 +243,10 @@ def run_experiment(
         history=history,
         wall_seconds=time.perf_counter() - wall_start,
         server=run.algorithm.record_extras(),
+        setup=run.setup,
     )
-    artifacts = {k: v.detach().cpu().float().numpy() for k, v in run.algorithm.artifacts().items()}
+    produced = run.algorithm.artifacts() | run.client_algorithm.analysis_artifacts(run.clients)
+    artifacts = {k: v.detach().cpu().float().numpy() for k, v in produced.items()}
     store.save(record, artifacts)
     ckpt_path.unlink(missing_ok=True)
     return record

@@ -35,7 +35,7 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
     algo = run.algorithm
     for client in run.clients:
         algo.receive(client, run.first_broadcast)
-    assert "label_counts" not in run.clients[0].state  # no untrained generator is used
+    assert run.clients[0].state.label_counts is None  # no untrained generator is used
     uploads = _local_round(run, epochs=2)
     weight = torch.stack([u["head_weight"] for u in uploads])
     bias = torch.stack([u["head_bias"] for u in uploads])
@@ -62,8 +62,8 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
     client = run.clients[1]
     algo.receive(client, broadcast)
     for key, value in algo.generator.state_dict().items():
-        assert torch.equal(client.state["generator"].state_dict()[key], value)
-    assert torch.equal(client.state["label_counts"], counts.sum(0).long())
+        assert torch.equal(client.state.generator.state_dict()[key], value)
+    assert torch.equal(client.state.label_counts, counts.sum(0).long())
     x, y = client.train_x[:20], client.train_y[:20]
     feats = client.model.features(x)
     extra = algo.local_loss(client, x, y, feats, client.model.head(feats))
@@ -79,7 +79,7 @@ def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
     initial = {k: v.clone() for k, v in algo.generator.state_dict().items()}
     for client in run.clients:
         algo.receive(client, run.first_broadcast)
-    assert "label_counts" in run.clients[0].state  # random generator used from round 0
+    assert run.clients[0].state.label_counts is not None  # random generator used from round 0
     broadcast = algo.server_step(_local_round(run), 0)
     assert set(broadcast) == {"head_weight", "head_bias"}  # nothing about the generator
     for key, value in algo.generator.state_dict().items():
@@ -103,7 +103,7 @@ def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data
         with torch.no_grad():
             real = torch.cat([c.model.features(c.train_x).norm(dim=1) for c in clients])
             state = clients[0].state
-            fake = state["generator"](labels, state.get("feature_norm"))[0].norm(dim=1)
+            fake = state.generator(labels, state.feature_norm)[0].norm(dim=1)
         lo, hi = float(real.min()), float(real.max())
         assert lo <= float(fake.min()) and float(fake.max()) <= hi, (round_index, lo, hi, fake)
     if options:  # trained: exactly the clients' sample-weighted mean real-feature norm
@@ -167,14 +167,16 @@ def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled(
     fork = FedDistill(FedDistillOptions(logit_source="pass"), ctx)
     uniform = fork.server_step(uploads, 0)
     torch.testing.assert_close(uniform["logits"][0], torch.tensor([4.0, 1, 0]))
-    fork_client = SimpleNamespace(state={}, device=torch.device("cpu"))
+    fork_client = SimpleNamespace(state=FedDistill.State(), device=torch.device("cpu"))
     fork.receive(fork_client, uniform)
     sample = torch.tensor([[1.0, 0.5, 0]], requires_grad=True)
     soft = fork.local_loss(fork_client, None, torch.tensor([0]), None, sample)
     target = torch.tensor([4.0, 1, 0]).softmax(0)  # CE towards softmax(G_y)
     assert soft.item() == pytest.approx(-(target * sample[0].log_softmax(0)).sum().item())
 
-    client = SimpleNamespace(state={}, device=torch.device("cpu"))  # what the loss reads
+    client = SimpleNamespace(
+        state=FedDistill.State(), device=torch.device("cpu")
+    )  # what the loss reads
     algo.receive(client, broadcast)
     logits = torch.tensor([[1.0, 0.5, 0], [9.0, 9, 9]], requires_grad=True)
     y = torch.tensor([0, 2])  # the second sample's class has no global logits

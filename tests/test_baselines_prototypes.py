@@ -74,7 +74,7 @@ def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
     options = resolve_options("fedtgp", {})
     algo = FedTGP(options, _ctx(3, 2))
     torch.manual_seed(0)
-    algo.setup([])
+    algo.setup([], {})
     broadcast = algo.server_step([up_a, up_b], 0)
     assert algo.margin == pytest.approx(math.sqrt(37), rel=1e-6)
     metrics = algo.round_metrics()
@@ -126,8 +126,8 @@ def test_alignfed_anchors_spread_fixed_and_heads_averaged(tiny_data):
         assert torch.allclose(heads[0], expected, atol=1e-6)
         assert not torch.allclose(uploaded[0], uploaded[1])  # bodies/heads did train apart
         assert torch.equal(algo.anchors, anchors)  # anchors never move
-        assert all(torch.equal(c.state["anchors"], anchors) for c in run.clients)
-        assert all(c.state["round"] == t + 1 for c in run.clients)
+        assert all(torch.equal(c.state.anchors, anchors) for c in run.clients)
+        assert all(c.state.round == t + 1 for c in run.clients)
 
 
 def _fork_anchor_loss(feats: list[list[float]], y: list[int], anchors: list[list[float]]) -> float:
@@ -274,13 +274,13 @@ def test_prototype_evaluation_picks_the_nearest_global_prototype(tiny_data, algo
     x = client.test_x[:30]
     assert torch.equal(run.algorithm.predict(client, x), client.model(x))  # none yet: the head
     _round(run, 0)
-    protos = client.state["protos"]
+    protos = client.state.targets
     with torch.no_grad():
         feats = client.model.features(x).float()
         logits = run.algorithm.predict(client, x)
     nearest = torch.cdist(feats, protos).argmin(1)
     if algorithm == "fedproto":  # classes nobody holds have no prototype and never win
-        missing = ~client.state["present"]
+        missing = ~client.state.present
         nearest = torch.cdist(feats, protos).masked_fill(missing, float("inf")).argmin(1)
         assert bool(torch.isinf(logits[:, missing]).all())
     assert torch.equal(logits.argmax(1), nearest)

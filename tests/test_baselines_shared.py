@@ -63,15 +63,15 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
     )
     algo, clients = run.algorithm, run.clients
     assert all(
-        _states_equal(shared_weights(c.state["shared"]), shared_weights(clients[0].state["shared"]))
+        _states_equal(shared_weights(c.state.shared), shared_weights(clients[0].state.shared))
         for c in clients
     )
-    assert clients[0].state["shared"].arch == clients[0].model.arch == "fedavgcnn_s"  # "first"
+    assert clients[0].state.shared.arch == clients[0].model.arch == "fedavgcnn_s"  # "first"
 
     # The loss is alpha*CE + (1-alpha)*KL(meme||personal) + beta*CE' + (1-beta)*KL(personal||meme).
     x, y = clients[0].train_x[:20], clients[0].train_y[:20]
     with torch.no_grad():
-        p, m = clients[0].model(x), clients[0].state["shared"](x)
+        p, m = clients[0].model(x), clients[0].state.shared(x)
         kl_pm = (F.softmax(m, 1) * (F.log_softmax(m, 1) - F.log_softmax(p, 1))).sum(1).mean()
         kl_mp = (F.softmax(p, 1) * (F.log_softmax(p, 1) - F.log_softmax(m, 1))).sum(1).mean()
         want = 0.5 * (F.cross_entropy(p, y) + kl_pm + F.cross_entropy(m, y) + kl_mp)
@@ -90,8 +90,8 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
     for client in clients:
         algo.receive(client, broadcast)
     for client in clients:
-        got = shared_weights(client.state["shared"])
-        assert _states_equal(got, shared_weights(clients[0].state["shared"]))
+        got = shared_weights(client.state.shared)
+        assert _states_equal(got, shared_weights(clients[0].state.shared))
         for k in expected:
             torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-7)
 
@@ -108,7 +108,7 @@ def test_fml_gradients_follow_the_forks_two_backward_passes(tiny_data, detach_pa
     options = {"detach_partner": detach_partner}
     run = prepare(tiny_config(algorithm="fml", algo_options=options), dataset=tiny_data)
     client = run.clients[0]
-    personal, meme = client.model, client.state["shared"]
+    personal, meme = client.model, client.state.shared
     x, y = client.train_x[:20], client.train_y[:20]
     client.optimizer.zero_grad()
     run.algorithm.train_loss(client, x, y).backward()
@@ -182,7 +182,7 @@ def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
     run = prepare(config, dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
     assert [g["lr"] for g in clients[0].optimizer.param_groups] == [0.05, 0.01]  # mentee_lr
-    before = shared_weights(clients[0].state["shared"])
+    before = shared_weights(clients[0].state.shared)
     uploads, broadcast = _one_round(run)
     dense = algo.dense_bytes
     assert all(message_nbytes(u) - 8 < dense / 4 for u in uploads)  # SVD factors, not weights
@@ -191,14 +191,12 @@ def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
         algo.receive(client, broadcast)
     update = decode_update(broadcast, algo.shapes)
     for client in clients:
-        got = shared_weights(client.state["shared"])
-        assert _states_equal(got, shared_weights(clients[0].state["shared"]))
+        got = shared_weights(client.state.shared)
+        assert _states_equal(got, shared_weights(clients[0].state.shared))
         for k in got:
             torch.testing.assert_close(got[k], before[k] + update[k])
     assert algo.round_metrics()["upload_ratio"] < 0.25
-    assert not torch.equal(
-        clients[0].state["hidden_proj"].weight, clients[1].state["hidden_proj"].weight
-    )
+    assert not torch.equal(clients[0].state.hidden_proj.weight, clients[1].state.hidden_proj.weight)
 
 
 # ---- FedMRL -------------------------------------------------------------------------------
@@ -206,14 +204,14 @@ def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
     config = tiny_config(algorithm="fedmrl", rounds=1, algo_options=PAPER["fedmrl"])
     run = prepare(config, dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
-    shared = clients[0].state["shared"]
+    shared = clients[0].state.shared
     assert shared.head.in_features == 128 and shared.features(clients[0].train_x[:2]).shape == (
         2,
         128,
     )
-    assert clients[0].state["proj"].in_features == 128 + 512
+    assert clients[0].state.proj.in_features == 128 + 512
     personal_before = [
-        {k: v.clone() for k, v in c.state["proj"].state_dict().items()} for c in clients
+        {k: v.clone() for k, v in c.state.proj.state_dict().items()} for c in clients
     ]
     uploads, broadcast = _one_round(run)
     assert set(broadcast) == set(shared_weights(shared))  # only the shared model travels
@@ -222,11 +220,11 @@ def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
     for client in clients:
         algo.receive(client, broadcast)
     for client in clients:
-        got = shared_weights(client.state["shared"])
+        got = shared_weights(client.state.shared)
         for k in expected:
             torch.testing.assert_close(got[k], expected[k], rtol=1e-5, atol=1e-7)
     # Personal parts: trained (changed) and different from client to client.
-    projs = [c.state["proj"].weight for c in clients]
+    projs = [c.state.proj.weight for c in clients]
     assert not torch.equal(projs[0], personal_before[0]["weight"])
     assert not torch.allclose(projs[0], projs[1])
     assert not torch.allclose(clients[0].model.head.weight, clients[1].model.head.weight)
@@ -234,8 +232,8 @@ def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
     client = clients[2]
     x = client.test_x[:8]
     with torch.no_grad():
-        fused = client.state["proj"](
-            torch.cat([client.state["shared"].features(x), client.model.features(x)], 1)
+        fused = client.state.proj(
+            torch.cat([client.state.shared.features(x), client.model.features(x)], 1)
         )
         torch.testing.assert_close(algo.predict(client, x), client.model.head(fused))
 
@@ -259,7 +257,7 @@ def test_learns_well_above_chance(tmp_path, tiny_data, algorithm):
 def test_communication_is_the_shared_model(tiny_data):
     for algorithm in ("fml", "fedmrl"):
         run = prepare(tiny_config(algorithm=algorithm, rounds=1), dataset=tiny_data)
-        n = sum(t.numel() for t in shared_weights(run.clients[0].state["shared"]).values())
+        n = sum(t.numel() for t in shared_weights(run.clients[0].state.shared).values())
         uploads, broadcast = _one_round(run)
         assert message_nbytes(uploads[0]) == 4 * n  # fp32 weights; uniform: no train size
         assert message_nbytes(broadcast) == 4 * n
@@ -289,7 +287,7 @@ def test_fork_defaults_clip_each_model_and_average_uniformly(tiny_data, algorith
         grads = [p.grad.norm() for p in module.parameters() if p.grad is not None]
         return float(torch.stack(grads).norm())
 
-    parts = [client.model, *(client.state[m] for m in modules)]
+    parts = [client.model, *(getattr(client.state, m) for m in modules)]
     assert all(norm(m) > 10 * clip for m in parts)
     algo.before_step(client)
     assert all(norm(m) == pytest.approx(clip, rel=1e-4) for m in parts)  # each on its own
@@ -311,14 +309,14 @@ def test_fork_kl_reduction_divides_the_per_sample_kl_by_the_classes():
 def test_fedmrl_projectors_start_from_one_draw_or_one_each(tiny_data, init):
     config = tiny_config(algorithm="fedmrl", rounds=1, algo_options={"projector_init": init})
     run = prepare(config, dataset=tiny_data)
-    starts = [c.state["proj"].state_dict() for c in run.clients]
+    starts = [c.state.proj.state_dict() for c in run.clients]
     same = [_states_equal(starts[0], s) for s in starts[1:]]
     assert same == [init == "shared"] * 3
-    assert run.clients[0].state["proj"] is not run.clients[1].state["proj"]  # each its own
-    again = prepare(config, dataset=tiny_data).clients[0].state["proj"].state_dict()
+    assert run.clients[0].state.proj is not run.clients[1].state.proj  # each its own
+    again = prepare(config, dataset=tiny_data).clients[0].state.proj.state_dict()
     assert _states_equal(again, starts[0])  # seeded: the same start on every prepare
     _one_round(run)  # trained apart, then reset to the start (projector="reset")
-    assert all(_states_equal(c.state["proj"].state_dict(), starts[0]) for c in run.clients) == (
+    assert all(_states_equal(c.state.proj.state_dict(), starts[0]) for c in run.clients) == (
         init == "shared"
     )
 
@@ -326,15 +324,15 @@ def test_fedmrl_projectors_start_from_one_draw_or_one_each(tiny_data, init):
 def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(tiny_data):
     run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
     algo, clients = run.algorithm, run.clients
-    initial = [{k: v.clone() for k, v in c.state["proj"].state_dict().items()} for c in clients]
+    initial = [{k: v.clone() for k, v in c.state.proj.state_dict().items()} for c in clients]
     client = clients[0]
     client.train(algo.train_loss, 1, 20, torch.Generator().manual_seed(0), algo.before_step)
-    assert not torch.equal(client.state["proj"].weight, initial[0]["weight"])  # it trained
+    assert not torch.equal(client.state.proj.weight, initial[0]["weight"])  # it trained
     _one_round(run)
     for c, start in zip(clients, initial, strict=True):  # dropped after training, every round
-        assert _states_equal(c.state["proj"].state_dict(), start)
+        assert _states_equal(c.state.proj.state_dict(), start)
     algo.predict(client, client.test_x[:8])
-    assert client.state["shared"].training  # never switched to evaluation mode
+    assert client.state.shared.training  # never switched to evaluation mode
 
 
 @pytest.mark.parametrize(

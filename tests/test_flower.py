@@ -119,26 +119,38 @@ def test_work_folder_hands_each_node_only_its_partition(tmp_path, tiny_data):
         a + b for a, b in zip(sizes, tests, strict=True)
     )
     server = np.load(tmp_path / "server.npz")
-    assert set(server.files) == {"train_y_0", "train_y_1", "train_y_2"}  # labels, no images
+    assert set(server.files) == {"setup_rng"}  # nothing of any client: facts come in set-up
 
 
-@pytest.mark.parametrize("client_init", ["independent", "shared"])
-def test_the_flower_server_starts_every_client_where_the_simulator_does(
-    tmp_path, tiny_data, client_init
-):
+@pytest.mark.parametrize(
+    ("algorithm", "client_init"),
+    [("lg-fedavg", "independent"), ("fedproto", "shared"), ("fedkd", "independent")],
+)
+def test_every_node_sets_up_where_the_simulator_does(tmp_path, tiny_data, algorithm, client_init):
     import torch
 
-    from fedtsp.flower.core import ServerLoop, from_bytes
+    from fedtsp.flower.core import NodeRuntime, ServerLoop
     from fedtsp.simulation import prepare
 
-    config = tiny_config(num_clients=8, client_init=client_init)
-    prepare_workdir(config, tiny_data, tmp_path, out=tmp_path, engine="flower-sim")
-    server = ServerLoop(tmp_path)
-    for client, blob in zip(
-        prepare(config, dataset=tiny_data).clients, server.initial_blobs, strict=True
-    ):
-        sent = from_bytes(blob, "cpu")["model"]
-        assert all(torch.equal(v, sent[k]) for k, v in client.model.state_dict().items())
+    config = tiny_config(algorithm=algorithm, num_clients=8, client_init=client_init)
+    run = prepare_workdir(config, tiny_data, tmp_path, out=tmp_path, engine="flower-sim")
+    sim = prepare(config, dataset=tiny_data)
+    replies = {}
+    for client in sim.clients:
+        node = NodeRuntime.build(run, client.index, tmp_path / f"node-{client.index}.npz", None)
+        mine = node.client.model.state_dict()
+        assert all(torch.equal(v, mine[k]) for k, v in client.model.state_dict().items())
+        assert node.setup_reply.facts == client.facts()
+        for name, value in vars(client.state).items():  # e.g. FedKD's W_h: one draw each
+            if isinstance(value, torch.nn.Module):
+                theirs = getattr(node.client.state, name).state_dict()
+                assert all(torch.equal(v, theirs[k]) for k, v in value.state_dict().items())
+        replies[client.index] = node.setup_reply
+    first = ServerLoop(tmp_path).set_up(replies)  # from the nodes' facts and uploads alone
+    assert (first is None) == (sim.first_broadcast is None) == (algorithm != "lg-fedavg")
+    if first is not None:  # LG-FedAvg: client 0's head, sent by node 0 in set-up
+        assert first.keys() == sim.first_broadcast.keys()
+        assert all(torch.equal(v, sim.first_broadcast[k]) for k, v in first.items())
 
 
 @pytest.mark.slow

@@ -357,7 +357,7 @@ def test_ifca_client_picks_the_model_that_fits_its_data(domains):
     message = {f"ifca.0.model.{k}": v for k, v in fresh.items() if v.is_floating_point()}
     message |= {f"ifca.1.model.{k}": v for k, v in trained.items() if v.is_floating_point()}
     algo.receive(client, message)
-    assert client.state["cluster"] == 1
+    assert client.state.cluster == 1
     upload = algo.upload(client)
     assert int(upload["ifca.cluster"]) == 1
     # Reversed order: still the trained model, now as cluster 0.
@@ -365,7 +365,7 @@ def test_ifca_client_picks_the_model_that_fits_its_data(domains):
         k.replace("ifca.0", "ifca.x").replace("ifca.1", "ifca.0"): v for k, v in message.items()
     }
     algo.receive(client, {k.replace("ifca.x", "ifca.1"): v for k, v in swapped.items()})
-    assert client.state["cluster"] == 0
+    assert client.state.cluster == 0
 
 
 def test_cfl_splits_a_stalled_cluster_by_domain(domains, tmp_path):

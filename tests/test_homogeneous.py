@@ -9,8 +9,8 @@ import pytest
 import torch
 from conftest import LATER_FIELDS, key_before_fields, tiny_config
 
-from fedtsp.algorithms.fedavg import MODEL_PREFIX
 from fedtsp.algorithms.fedetf import simplex_etf
+from fedtsp.algorithms.model_messages import MODEL_PREFIX
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.runspec import check_run, run_key
 from fedtsp.simulation import prepare, run_experiment
@@ -252,7 +252,7 @@ def test_fedetf_per_starts_from_the_scaled_etf_plus_the_log_prior(tiny_data):
     client = run.clients[0]
     run.algorithm.prepare_evaluation(client, round_index=0)
     shift = run.algorithm.predict(client, x) - client.model(x)
-    prior = client.state["log_prior"]
+    prior = client.state.log_prior
     assert torch.allclose(shift, prior.expand_as(shift), atol=1e-4)
     assert float(prior.max() - prior.min()) > 1.0  # a real shift: the tiny clients are skewed
 
@@ -295,7 +295,7 @@ def test_fedpcl_predicts_the_nearest_global_prototype(tiny_data):
     client, algo = run.clients[0], run.algorithm
     x = client.test_x[:32]
     feats = torch.nn.functional.normalize(client.model.features(x), dim=1)
-    protos = torch.nn.functional.normalize(client.state["protos"], dim=1)
+    protos = torch.nn.functional.normalize(client.state.targets, dim=1)
     nearest = (feats @ protos.T).argmax(1)
     assert torch.equal(algo.predict(client, x).argmax(1), nearest)
     assert float(algo.train_loss(client, x, client.test_y[:32])) > 0

@@ -44,7 +44,8 @@ from torch import Tensor
 
 from fedtsp.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.clients import Client
+from fedtsp.algorithms.model_messages import message_head
+from fedtsp.clients import Client, ClientFacts
 
 CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
 
@@ -117,13 +118,21 @@ def anchor_loss(feats: Tensor, y: Tensor, anchors: Tensor, temperature: float, f
     return -per_anchor.mean()
 
 
+@dataclass
+class AlignFedState:
+    anchors: Tensor | None = None  # from the set-up message
+    round: int = 0  # broadcasts received since then
+
+
 @register
 class AlignFed(Algorithm):
     name = "alignfed"
     Options = AlignFedOptions
+    State = AlignFedState
     revision = 1
+    start_from = "head"
 
-    def setup(self, clients: list[Client]) -> Message:
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
         anchors = uniform_anchors(
             self.ctx.num_classes,
@@ -133,8 +142,8 @@ class AlignFed(Algorithm):
             opts.anchor_tau,
         )
         self.anchors = anchors.to(self.ctx.device)
-        head = clients[0].model.head
-        self.head = {"weight": head.weight.detach().clone(), "bias": head.bias.detach().clone()}
+        weight, bias = message_head(uploads[0])
+        self.head = {"weight": weight, "bias": bias}
         return {"anchors": self.anchors, **self._head_message()}
 
     def _head_message(self) -> Message:
@@ -150,11 +159,11 @@ class AlignFed(Algorithm):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        anchors = client.state.get("anchors")
+        anchors = client.state.anchors
         if anchors is None:
             return None
         loss = anchor_loss(feats, y, anchors, self.opts.temperature, self.opts.client_loss)
-        return self.lam(client.state["round"]) * loss
+        return self.lam(client.state.round) * loss
 
     def upload(self, client: Client) -> Message:
         head = client.model.head
@@ -166,10 +175,10 @@ class AlignFed(Algorithm):
 
     def receive(self, client: Client, broadcast: Message) -> None:
         if "anchors" in broadcast:  # the one-time set-up message
-            client.state["anchors"] = broadcast["anchors"].to(client.device)
-            client.state["round"] = 0
+            client.state.anchors = broadcast["anchors"].to(client.device)
+            client.state.round = 0
         else:
-            client.state["round"] += 1
+            client.state.round += 1
         head = client.model.head
         with torch.no_grad():  # in place: the client's optimiser holds these parameters
             head.weight.copy_(broadcast["head.weight"])

@@ -3,16 +3,20 @@
 A method is one subclass holding only what makes it different. Its hooks form two halves
 that share nothing but messages: the engine (:mod:`fedtsp.engine.loop`) calls the server
 half (``setup``, ``aggregate``, ``configure``, ``round_metrics``, ``artifacts``,
-``record_extras``, ``state_dict``) on one object and the client half (``client_parameters``,
-``prepare_evaluation``, ``predict``, ``train_loss`` / ``local_loss``, ``before_step``,
-``upload``, ``receive``) on another, once per round:
+``record_extras``, ``state_dict``) on one object and the client half (``init_client``,
+``setup_upload``, ``client_parameters``, ``prepare_evaluation``, ``predict``, ``train_loss``
+/ ``local_loss``, ``before_step``, ``upload``, ``receive``, ``analysis_artifacts``) on
+another. Set-up, then once per round:
 
+    set-up: client: init_client (its State), setup_upload -> server: setup(facts, uploads)
     client: evaluate (predict) -> local training (train_loss, with local_loss as the usual
     extra term; before_step between each backward pass and optimiser step) -> upload
     server: aggregate -> configure (one message per client) -> client: receive
 
-A client hook may read the method's options, the run context and the client (its
-``state`` and ``round``), never what a server hook set on ``self``.
+The server learns of the clients only their ``ClientFacts`` (sizes, label counts,
+architecture) and their messages. A client hook may read the method's options, the run
+context and the client (its ``state``, an instance of the method's ``State`` dataclass, and
+its ``round``), never what a server hook set on ``self``.
 
 Defaults: a baseline's options default to what produced the paper's Table 1 (the authors'
 scripts and their fork of HtFLlib), its own paper's variant being an option; FedTSP's
@@ -20,7 +24,7 @@ default to its paper, the authors' code choices being options. ``revision`` is b
 that changes what a method's earlier records mean.
 
 Messages are plain ``dict[str, Tensor]``. Server state lives on the server's algorithm
-object (``state_dict``), per-client state lives in ``client.state`` so that both can be
+object (``state_dict``), per-client state in ``client.state`` so that both can be
 checkpointed and moved to another process.
 """
 
@@ -35,10 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedtsp.algorithms.model_messages import head_message, model_message
+from fedtsp.clients import Client, ClientFacts
 from fedtsp.config import ConfigError
-
-if typing.TYPE_CHECKING:
-    from fedtsp.clients import Client
 
 Message = dict[str, Tensor]
 
@@ -58,6 +61,7 @@ class RunContext:
     # A population's planted group of every client (RunConfig.population), else None: the
     # ground truth clustered methods are scored against, and the oracle's clusters.
     groups: list[int] | None = None
+    family: str = ""  # RunConfig.family: which architecture each client index has
 
     @property
     def homogeneous(self) -> bool:
@@ -74,6 +78,25 @@ class NoOptions:
     """Algorithms without hyperparameters of their own."""
 
 
+@dataclass
+class NoState:
+    """Algorithms that keep nothing per client beyond the model and optimiser."""
+
+
+@dataclass
+class ClassTargets:
+    """A client's state in methods that pull towards the server's per-class targets
+    (prototypes, logits, anchors): the last ones received, and which classes have one."""
+
+    targets: Tensor | None = None
+    present: Tensor | None = None  # None: every class
+
+    def take(self, broadcast: Message, key: str, present_key: str | None, device: Any) -> None:
+        self.targets = broadcast[key].to(device)
+        if present_key is not None:
+            self.present = broadcast[present_key].to(device)
+
+
 class Algorithm:
     """Base class; the defaults describe plain local training with a personal model."""
 
@@ -84,6 +107,11 @@ class Algorithm:
     # Bumped when a change of defaults or of the method's code gives its earlier run records
     # another meaning: a revision > 0 enters the run key, so those records are never reused.
     revision: ClassVar[int] = 0
+    # The per-client state (a dataclass; modules in it are checkpointed as weights).
+    State: ClassVar[type] = NoState
+    # The server's common start, if any: client 0's initial "model" or "head", which client 0
+    # sends in set-up (as a Flower server asks one client for its initial parameters).
+    start_from: ClassVar[str | None] = None
 
     @classmethod
     def key_revision(cls, algo_options: dict[str, Any]) -> int:
@@ -102,8 +130,22 @@ class Algorithm:
         return None
 
     # ---- set-up ---------------------------------------------------------------------
-    def setup(self, clients: list[Client]) -> Message | None:
-        """Called once after the clients exist; may return a first broadcast."""
+    def init_client(self, client: Client) -> Any:
+        """The client's state before round 0 (client half; it may also fit the model to the
+        method, e.g. a fixed head)."""
+        return self.State()
+
+    def setup_upload(self, client: Client) -> Message:
+        """What a client sends in set-up (client half): by default client 0's start."""
+        if client.index != 0 or self.start_from is None:
+            return {}
+        if self.start_from == "head":
+            return head_message(client.model)
+        return model_message(client.model)
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message | None:
+        """The server's set-up from the clients' facts and set-up uploads; may return a first
+        broadcast."""
         return None
 
     def client_parameters(self, client: Client) -> list[Any]:
@@ -165,6 +207,11 @@ class Algorithm:
 
     def artifacts(self) -> dict[str, Tensor]:
         """Tensors worth keeping with the run record (e.g. global class prototypes)."""
+        return {}
+
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
+        """Analysis tensors only a simulator holding every client can compute (client half;
+        never a message, skipped on Flower)."""
         return {}
 
     def record_extras(self) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from sklearn.cluster import AgglomerativeClustering
 
 from fedtsp.algorithms.base import Message, option, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg
-from fedtsp.algorithms.fedavg import MODEL_PREFIX
+from fedtsp.algorithms.model_messages import MODEL_PREFIX
+from fedtsp.clients import ClientFacts
 
 CRITERIA = ("relative", "absolute")
 
@@ -72,11 +73,11 @@ class CFL(ClusteredFedAvg):
     name = "cfl"
     Options = CFLOptions
 
-    def setup(self, clients: list[Any]) -> Message:
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         self.last_split: dict[int, int] = {}  # rounds done at a cluster's last split
         self.splits: list[dict[str, Any]] = []
         self.ratios: dict[str, float] = {}
-        return super().setup(clients)
+        return super().setup(facts, uploads)
 
     def initial_assignment(self) -> np.ndarray:
         return np.zeros(self.ctx.num_clients, dtype=np.int64)  # one cluster to start

@@ -31,16 +31,22 @@ import numpy as np
 from torch import Tensor
 
 from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.algorithms.fedavg import (
+from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
 from fedtsp.clustering.oneshot import ClusteringOptions, canonical_labels
 
 FIXED_CLUSTERS = ("one", "each", "truth")
+
+
+@dataclass
+class ClusterClientState:
+    sent_descriptor: bool = False  # a one-shot method's descriptor went with an upload
+    cluster: int = 0  # IFCA: the model this client picked last
 
 
 class ClusteredFedAvg(Algorithm):
@@ -48,11 +54,13 @@ class ClusteredFedAvg(Algorithm):
     ``cluster_from``) and may add to the uploads (``extra_upload``)."""
 
     settings = ("pfl",)
+    State = ClusterClientState
+    start_from = "model"
     communicates = True  # False: Local, nothing is sent
 
     # ---- server half ------------------------------------------------------------------
-    def setup(self, clients: list[Client]) -> Message:
-        self.start = model_message(clients[0].model)
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        self.start = dict(uploads[0])
         self.models: dict[int, Message] = {}
         found = self.initial_assignment()
         self.assignment = None if found is None else np.asarray(found, dtype=np.int64)
@@ -102,8 +110,8 @@ class ClusteredFedAvg(Algorithm):
         if not self.communicates:
             return {}
         message = with_sample_count(client, model_message(client.model))
-        if not client.state.get("sent_descriptor"):
-            client.state["sent_descriptor"] = True
+        if not client.state.sent_descriptor:
+            client.state.sent_descriptor = True
             message |= self.extra_upload(client)
         return message
 

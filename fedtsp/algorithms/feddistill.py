@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
 from fedtsp.clients import Client, check_prototype_source
 
 DISTILL_LOSSES = ("mse", "soft_ce")
@@ -65,6 +65,7 @@ class FedDistillOptions:
 class FedDistill(Algorithm):
     name = "feddistill"
     Options = FedDistillOptions
+    State = ClassTargets
     revision = 2
 
     def local_loss(
@@ -72,12 +73,12 @@ class FedDistill(Algorithm):
     ) -> Tensor | None:
         if self.opts.logit_source == "training":
             client.record_class_sums(logits, y)
-        global_logits = client.state.get("global_logits")
+        global_logits = client.state.targets
         if global_logits is None or self.opts.lam == 0:
             return None
         # A sample whose class has no global logits is its own target: zero gradient.
         own = logits.detach().float()
-        target = torch.where(client.state["present"][y].unsqueeze(1), global_logits[y], own)
+        target = torch.where(client.state.present[y].unsqueeze(1), global_logits[y], own)
         if self.opts.distill_loss == "mse":
             return self.opts.lam * F.mse_loss(logits.float(), target)
         return self.opts.lam * F.cross_entropy(logits.float(), target.softmax(dim=1))
@@ -96,8 +97,7 @@ class FedDistill(Algorithm):
         return {"logits": self.global_logits, "present": present}
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        client.state["global_logits"] = broadcast["logits"].to(client.device)
-        client.state["present"] = broadcast["present"].to(client.device)
+        client.state.take(broadcast, "logits", "present", client.device)
 
     def artifacts(self) -> dict[str, Tensor]:
         logits = getattr(self, "global_logits", None)

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import option, register
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.finetune import FineTuneOptions, HeadFineTuning
 from fedtsp.clients import Client
@@ -78,29 +78,34 @@ class FedETFOptions:
     balanced_loss: bool = option(True, "cross-entropy on prior-adjusted logits (paper)")
 
 
+@dataclass
+class FedETFState:
+    log_prior: Tensor  # log p(y) of the client's training labels (the balanced loss)
+
+
 @register
 class FedETF(FedAvg):
     name = "fedetf"
     Options = FedETFOptions
+    State = FedETFState
 
     def shares(self, key: str) -> bool:
         return key != "head.etf"  # fixed and known to all: never sent
 
-    def setup(self, clients: list[Client]) -> Message:
+    def init_client(self, client: Client) -> FedETFState:
+        # The fixed ETF is a function of the run seed: every client builds the same one.
         seed = int(np.random.SeedSequence([self.ctx.seed, 0xE7F]).generate_state(1)[0])
         etf = simplex_etf(
             self.ctx.num_classes, self.ctx.feature_dim, torch.Generator().manual_seed(seed)
         )
-        for client in clients:
-            client.model.head = ETFHead(etf).to(client.device)
-            counts = client.class_counts().float()
-            client.state["log_prior"] = torch.log(counts / counts.sum() + 1e-12)
-        return super().setup(clients)
+        client.model.head = ETFHead(etf).to(client.device)
+        counts = client.class_counts().float()
+        return FedETFState(torch.log(counts / counts.sum() + 1e-12))
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         logits = client.model(x)
         if self.opts.balanced_loss:
-            logits = logits + client.state["log_prior"].to(logits.dtype)
+            logits = logits + client.state.log_prior.to(logits.dtype)
         return F.cross_entropy(logits, y)
 
 
@@ -121,5 +126,5 @@ class FedETFPer(HeadFineTuning, FedETF):
         head = client.model.head
         weight = (head.log_scale.exp() * head.etf.T).detach().float()
         if self.opts.prior_bias:
-            return weight, client.state["log_prior"].to(weight.device).float().clone()
+            return weight, client.state.log_prior.to(weight.device).float().clone()
         return weight, torch.zeros(weight.shape[0], device=weight.device)

@@ -35,9 +35,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import Message, option, register
-from fedtsp.algorithms.fedavg import FedAvg, average_model_messages
-from fedtsp.clients import Client
+from fedtsp.algorithms.base import ClassTargets, Message, option, register
+from fedtsp.algorithms.fedavg import FedAvg
+from fedtsp.algorithms.model_messages import average_model_messages
+from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
@@ -57,12 +58,13 @@ class FedFAOptions:
 class FedFA(FedAvg):
     name = "fedfa"
     Options = FedFAOptions
+    State = ClassTargets
 
-    def setup(self, clients: list[Client]) -> Message:
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         c, d = self.ctx.num_classes, self.ctx.feature_dim
         self.anchors = torch.zeros(c, d, device=self.ctx.device)
         self.has_anchor = torch.zeros(c, dtype=torch.bool, device=self.ctx.device)
-        return super().setup(clients) | self._anchor_message()
+        return super().setup(facts, uploads) | self._anchor_message()
 
     def _anchor_message(self) -> Message:
         return {"anchors": self.anchors.clone(), "has_anchor": self.has_anchor.clone()}
@@ -70,7 +72,7 @@ class FedFA(FedAvg):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        anchors, has = client.state.get("anchors"), client.state.get("has_anchor")
+        anchors, has = client.state.targets, client.state.present
         if anchors is None or not bool(has.any()):
             return None
         known = has[y]
@@ -102,8 +104,7 @@ class FedFA(FedAvg):
 
     def receive(self, client: Client, broadcast: Message) -> None:
         super().receive(client, broadcast)
-        client.state["anchors"] = broadcast["anchors"].to(client.device)
-        client.state["has_anchor"] = broadcast["has_anchor"].to(client.device)
+        client.state.take(broadcast, "anchors", "has_anchor", client.device)
 
     def artifacts(self) -> dict[str, Tensor]:
         return {"global_prototypes": self.anchors}

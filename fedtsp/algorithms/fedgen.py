@@ -49,7 +49,8 @@ from torch import Tensor, nn
 
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.lgfedavg import average_heads, load_head
-from fedtsp.clients import Client
+from fedtsp.algorithms.model_messages import message_head
+from fedtsp.clients import Client, ClientFacts
 
 ENSEMBLE_WEIGHTINGS = ("class_counts", "client_size")
 NOISES = ("gaussian", "uniform")
@@ -138,17 +139,32 @@ def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
     return torch.exp(-(noise_dist * feat_dist).mean())
 
 
+@dataclass
+class FedGenState:
+    generator: FeatureGenerator  # the server's, loaded from each broadcast that carries it
+    label_counts: Tensor | None = None  # None: no generator received yet
+    feature_norm: Tensor | None = None
+    norm_sum: Tensor | None = None  # this round's real-feature norms (trained generator)
+    norm_count: int = 0
+
+
 @register
 class FedGen(Algorithm):
     name = "fedgen"
     Options = FedGenOptions
+    State = FedGenState
     revision = 2
+    start_from = "head"
 
-    def setup(self, clients: list[Client]) -> Message:
+    def init_client(self, client: Client) -> FedGenState:
+        return FedGenState(self._new_generator())  # its weights come with the broadcasts
+
+    def setup_upload(self, client: Client) -> Message:
+        return super().setup_upload(client) if self.opts.share_head else {}
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
         self.generator = self._new_generator()
-        for client in clients:
-            client.state["generator"] = self._new_generator()  # weights come with broadcasts
         self.global_head: dict[str, Tensor] | None = None
         self.label_counts: Tensor | None = None
         self.feature_norm: Tensor | None = None  # trained generator only (see the docstring)
@@ -159,17 +175,14 @@ class FedGen(Algorithm):
         }
         first: Message = {}
         if opts.share_head:  # one common starting head, like the authors' round-0 broadcast
-            head = clients[0].model.head
-            self.global_head = {
-                "weight": head.weight.detach().float().clone(),
-                "bias": head.bias.detach().float().clone(),
-            }
+            weight, bias = message_head(uploads[0])
+            self.global_head = {"weight": weight.float(), "bias": bias.float()}
             first |= {
                 "head_weight": self.global_head["weight"],
                 "head_bias": self.global_head["bias"],
             }
         if opts.frozen_generator:
-            self.label_counts = torch.stack([c.class_counts() for c in clients]).sum(0).cpu()
+            self.label_counts = torch.tensor([f.class_counts for f in facts]).sum(0)
             first |= self._generator_message()
         return first
 
@@ -188,16 +201,18 @@ class FedGen(Algorithm):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
+        state = client.state
         if not self.opts.frozen_generator:  # the real-feature norm, from this forward pass
-            norms = client.state.setdefault("norm_sum", torch.zeros((), device=feats.device))
-            norms += feats.detach().float().norm(dim=1).sum()
-            client.state["norm_count"] = client.state.get("norm_count", 0) + feats.shape[0]
-        counts = client.state.get("label_counts")
+            if state.norm_sum is None:
+                state.norm_sum = torch.zeros((), device=feats.device)
+            state.norm_sum += feats.detach().float().norm(dim=1).sum()
+            state.norm_count += feats.shape[0]
+        counts = state.label_counts
         if counts is None or self.opts.gen_weight == 0:
             return None
         with torch.no_grad():  # the generator is the server's; only the head learns here
             labels = torch.multinomial(counts.float(), y.shape[0], replacement=True)
-            generated, _ = client.state["generator"](labels, client.state.get("feature_norm"))
+            generated, _ = state.generator(labels, state.feature_norm)
         out = client.model.head(generated.to(feats.dtype))
         return self.opts.gen_weight * F.cross_entropy(out.float(), labels)
 
@@ -209,8 +224,10 @@ class FedGen(Algorithm):
             "counts": client.class_counts(),
         }
         if not self.opts.frozen_generator:  # mean real-feature norm of this round's training
-            count = client.state.pop("norm_count", 0)
-            total = client.state.pop("norm_sum", torch.zeros(()))
+            state = client.state
+            count, total = state.norm_count, state.norm_sum
+            total = torch.zeros(()) if total is None else total
+            state.norm_sum, state.norm_count = None, 0
             out["feature_norm"] = total.cpu() / max(count, 1)
             out["norm_count"] = torch.tensor(float(count))
         return out
@@ -220,10 +237,10 @@ class FedGen(Algorithm):
             load_head(client, broadcast["head_weight"], broadcast["head_bias"])
         if "label_counts" in broadcast:
             weights = {k[len(_GEN) :]: v for k, v in broadcast.items() if k.startswith(_GEN)}
-            client.state["generator"].load_state_dict(weights)
-            client.state["label_counts"] = broadcast["label_counts"].to(client.device)
+            client.state.generator.load_state_dict(weights)
+            client.state.label_counts = broadcast["label_counts"].to(client.device)
             if "feature_norm" in broadcast:
-                client.state["feature_norm"] = broadcast["feature_norm"].to(client.device)
+                client.state.feature_norm = broadcast["feature_norm"].to(client.device)
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from fedtsp.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.clients import Client
+from fedtsp.algorithms.model_messages import message_head
+from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
@@ -52,11 +53,12 @@ class FedGH(Algorithm):
     name = "fedgh"
     Options = FedGHOptions
     revision = 1
+    start_from = "head"
 
-    def setup(self, clients: list[Client]) -> Message:
-        first = clients[0].model.head
-        self.head = nn.Linear(first.in_features, first.out_features).to(self.ctx.device)
-        self.head.load_state_dict(first.state_dict())
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        weight, bias = message_head(uploads[0])
+        self.head = nn.Linear(weight.shape[1], weight.shape[0]).to(self.ctx.device)
+        self.head.load_state_dict({"weight": weight, "bias": bias})
         self.class_means: Tensor | None = None
         self.metrics: dict[str, float] = {}
         return self._broadcast()

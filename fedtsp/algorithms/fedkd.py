@@ -53,7 +53,7 @@ from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
     SAMPLES_KEY,
-    attach_shared_models,
+    build_shared_model,
     check_grad_clip,
     check_kl_reduction,
     check_shared_arch,
@@ -62,13 +62,13 @@ from fedtsp.algorithms.shared_model import (
     clip_each,
     distill_kl,
     load_shared_weights,
-    resolve_shared_arch,
     seeded,
     set_training,
     shared_weights,
     upload_with_count,
 )
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
+from fedtsp.models.families import ClientModel
 
 FACTOR_SEP = "::"  # "<tensor name>::U" etc.; parameter names never contain it
 
@@ -157,33 +157,39 @@ class FedKDOptions:
         check_grad_clip(self.grad_clip)
 
 
+@dataclass
+class FedKDState:
+    shared: ClientModel  # the mentee: this client's copy of the one shared model
+    hidden_proj: nn.Linear  # W_h: maps the mentee's features into the mentor's space
+    reference: dict[str, Tensor]  # the mentee weights that server and client both hold
+
+
 @register
 class FedKD(Algorithm):
     name = "fedkd"
     Options = FedKDOptions
+    State = FedKDState
     revision = 1
 
-    def setup(self, clients: list[Client]) -> Message | None:
-        self.clients = clients  # for the analysis artifact only
-        template = attach_shared_models(
-            clients, self.ctx, resolve_shared_arch(self.opts.shared_arch, clients)
-        )
-        initial = shared_weights(template)
+    def init_client(self, client: Client) -> FedKDState:
+        mentee = build_shared_model(self.ctx, self.opts.shared_arch, client.facts())
+        d = self.ctx.feature_dim
+        with seeded(self.ctx, tag=0xFED6D):  # client i's W_h: the i-th draw of one stream
+            for _ in range(client.index + 1):
+                hidden_proj = nn.Linear(d, d, bias=False)
+        return FedKDState(mentee, hidden_proj.to(self.ctx.device), shared_weights(mentee))
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        # Every mentee starts identical (built under one seed); nothing to send.
+        initial = shared_weights(build_shared_model(self.ctx, self.opts.shared_arch, facts[0]))
         self.shapes = {name: t.shape for name, t in initial.items()}
         self.dense_bytes = sum(t.numel() * t.element_size() for t in initial.values())
-        d = self.ctx.feature_dim
-        with seeded(self.ctx, tag=0xFED6D):
-            for client in clients:
-                # W_h: maps the mentee's features into the mentor's feature space.
-                client.state["hidden_proj"] = nn.Linear(d, d, bias=False).to(self.ctx.device)
-                client.state["reference"] = {k: v.clone() for k, v in initial.items()}
         self.last_metrics: dict[str, float] = {}
-        return None  # every mentee starts identical; nothing to send
 
     def client_parameters(self, client: Client) -> list[Any]:
         # Parameter groups: the mentee has its own learning rate.
-        personal = [*client.model.parameters(), *client.state["hidden_proj"].parameters()]
-        mentee = list(client.state["shared"].parameters())
+        personal = [*client.model.parameters(), *client.state.hidden_proj.parameters()]
+        mentee = list(client.state.shared.parameters())
         return [{"params": personal}, {"params": mentee, "lr": self.opts.mentee_lr}]
 
     def energy(self, round_index: int) -> float:
@@ -191,7 +197,7 @@ class FedKD(Algorithm):
         return o.energy_start + (o.energy_end - o.energy_start) * round_index / self.ctx.rounds
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
-        mentee = client.state["shared"]
+        mentee = client.state.shared
         set_training(mentee, True)
         mentor_feats = client.model.features(x)
         mentor_logits = client.model.head(mentor_feats)
@@ -207,20 +213,20 @@ class FedKD(Algorithm):
         )
         # The mentor's and the mentee's hidden losses are the same MSE; one term gives each
         # model (and W_h) the gradient of its own loss.
-        projected = client.state["hidden_proj"](mentee_feats.float())
+        projected = client.state.hidden_proj(mentee_feats.float())
         hidden = F.mse_loss(projected, mentor_feats.float())
         return ce_mentor + ce_mentee + weight * (kl + hidden)
 
     def before_step(self, client: Client) -> None:
         state = client.state
-        clip_each([client.model, state["shared"], state["hidden_proj"]], self.opts.grad_clip)
+        clip_each([client.model, state.shared, state.hidden_proj], self.opts.grad_clip)
 
     def _energy_or_none(self, round_index: int) -> float | None:
         return self.energy(round_index) if self.opts.compress else None
 
     def upload(self, client: Client) -> Message:
-        weights = shared_weights(client.state["shared"])
-        reference = client.state["reference"]
+        weights = shared_weights(client.state.shared)
+        reference = client.state.reference
         update = {name: weights[name] - ref for name, ref in reference.items()}
         message = encode_update(update, self._energy_or_none(client.round))
         return upload_with_count(client, message, self.opts.weighting)
@@ -238,18 +244,17 @@ class FedKD(Algorithm):
         return broadcast
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        reference = client.state["reference"]
+        reference = client.state.reference
         update = decode_update(broadcast, {name: ref.shape for name, ref in reference.items()})
         for name, delta in update.items():
             reference[name] = reference[name] + delta.to(reference[name].device)
-        load_shared_weights(client.state["shared"], reference)
+        load_shared_weights(client.state.shared, reference)
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self.last_metrics)
 
-    def artifacts(self) -> dict[str, Tensor]:
-        mentee = self.clients[0].state["shared"]
-        return {"global_prototypes": class_mean_features(mentee, self.clients)}
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
+        return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}
 
     def state_dict(self) -> dict:
         return {"last_metrics": self.last_metrics}

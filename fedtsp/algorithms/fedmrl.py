@@ -50,19 +50,19 @@ from torch import Tensor, nn
 from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
-    attach_shared_models,
+    build_shared_model,
     check_grad_clip,
     check_shared_arch,
     client_weights,
     clip_each,
     load_shared_weights,
-    resolve_shared_arch,
     seeded,
     set_training,
     shared_weights,
     upload_with_count,
 )
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
+from fedtsp.models.families import ClientModel
 
 PROJECTORS = ("reset", "kept")
 PROJECTOR_INITS = ("shared", "independent")
@@ -107,47 +107,60 @@ class FedMRLOptions:
             )
 
 
+@dataclass
+class FedMRLState:
+    shared: ClientModel  # this client's copy of the shared model (sub_dim wide)
+    proj: nn.Linear  # fuses the shared and the personal representation
+    proj_init: dict[str, Tensor] | None  # projector="reset": where it restarts each round
+
+
 @register
 class FedMRL(Algorithm):
     name = "fedmrl"
     Options = FedMRLOptions
+    State = FedMRLState
     revision = 2
 
-    def setup(self, clients: list[Client]) -> Message | None:
+    def _check_width(self) -> None:
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
         if sub > d:
             raise ValueError(
                 f"sub_dim={sub} is invalid; the coarse representation cannot be wider than the "
                 f"fused one (feature_dim={d})"
             )
-        arch = resolve_shared_arch(self.opts.shared_arch, clients)
-        template = attach_shared_models(clients, self.ctx, arch, feature_dim=sub)
+
+    def init_client(self, client: Client) -> FedMRLState:
+        self._check_width()
+        d, sub = self.ctx.feature_dim, self.opts.sub_dim
+        shared = build_shared_model(self.ctx, self.opts.shared_arch, client.facts(), sub)
+        draws = client.index + 1 if self.opts.projector_init == "independent" else 1
+        with seeded(self.ctx, tag=0x9207):  # independent: client i's is the i-th draw
+            for _ in range(draws):
+                proj = nn.Linear(sub + d, d)
+        proj = proj.to(self.ctx.device)
+        reset = copy.deepcopy(proj.state_dict()) if self.opts.projector == "reset" else None
+        return FedMRLState(shared, proj, reset)
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        # Every shared copy starts identical (built under one seed); nothing to send.
+        self._check_width()
+        template = build_shared_model(self.ctx, self.opts.shared_arch, facts[0], self.opts.sub_dim)
         self.keys = list(shared_weights(template))
-        independent = self.opts.projector_init == "independent"
-        with seeded(self.ctx, tag=0x9207):
-            proj = None
-            for client in clients:
-                if proj is None or independent:
-                    proj = nn.Linear(sub + d, d).to(self.ctx.device)
-                client.state["proj"] = copy.deepcopy(proj)
-                if self.opts.projector == "reset":
-                    client.state["proj_init"] = copy.deepcopy(proj.state_dict())
-        return None  # every shared copy starts identical; nothing to send
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
         return [
             *client.model.parameters(),
-            *client.state["proj"].parameters(),
-            *client.state["shared"].parameters(),
+            *client.state.proj.parameters(),
+            *client.state.shared.parameters(),
         ]
 
     def _fused(self, client: Client, x: Tensor) -> Tensor:
-        shared_rep = client.state["shared"].features(x)  # generalised, sub_dim wide
+        shared_rep = client.state.shared.features(x)  # generalised, sub_dim wide
         personal_rep = client.model.features(x)  # personalised, d wide
-        return client.state["proj"](torch.cat([shared_rep, personal_rep], dim=1))
+        return client.state.proj(torch.cat([shared_rep, personal_rep], dim=1))
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
-        shared = client.state["shared"]
+        shared = client.state.shared
         set_training(shared, True)
         fused = self._fused(client, x)
         coarse_logits = shared.head(fused[:, : self.opts.sub_dim])
@@ -155,23 +168,21 @@ class FedMRL(Algorithm):
         return F.cross_entropy(coarse_logits, y) + F.cross_entropy(fine_logits, y)
 
     def before_step(self, client: Client) -> None:
-        clip_each([client.model, client.state["shared"]], self.opts.grad_clip)
+        clip_each([client.model, client.state.shared], self.opts.grad_clip)
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        set_training(client.state["shared"], self.opts.test_batch_stats)
+        set_training(client.state.shared, self.opts.test_batch_stats)
         return client.model.head(self._fused(client, x))
 
     def upload(self, client: Client) -> Message:
         if self.opts.projector == "reset":  # the trained projector is dropped (never saved)
             with torch.no_grad():  # in place: the client's optimiser holds these parameters
-                for name, value in client.state["proj"].state_dict().items():
-                    value.copy_(client.state["proj_init"][name])
-        return upload_with_count(
-            client, shared_weights(client.state["shared"]), self.opts.weighting
-        )
+                for name, value in client.state.proj.state_dict().items():
+                    value.copy_(client.state.proj_init[name])
+        return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
         return fedavg(uploads, client_weights(uploads, self.opts.weighting), self.keys)
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        load_shared_weights(client.state["shared"], broadcast)
+        load_shared_weights(client.state.shared, broadcast)

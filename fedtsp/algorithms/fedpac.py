@@ -32,10 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import Message, option, register
-from fedtsp.algorithms.fedavg import FedAvg, average_model_messages
+from fedtsp.algorithms.base import ClassTargets, Message, option, register
+from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.fedbabu import HEAD_PREFIX
 from fedtsp.algorithms.lgfedavg import load_head
+from fedtsp.algorithms.model_messages import average_model_messages
 from fedtsp.clients import Client
 
 WEIGHT_FLOOR = 1e-3
@@ -109,6 +110,7 @@ def combination_weights(means: Tensor, counts: Tensor, variances: Tensor) -> Ten
 class FedPAC(FedAvg):
     name = "fedpac"
     Options = FedPACOptions
+    State = ClassTargets
     settings = ("pfl",)
 
     def shares(self, key: str) -> bool:
@@ -117,10 +119,10 @@ class FedPAC(FedAvg):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        protos = client.state.get("global_protos")
+        protos = client.state.targets
         if protos is None or self.opts.lam == 0:
             return None
-        known = client.state["global_present"][y]
+        known = client.state.present[y]
         if not bool(known.any()):
             return None
         return self.opts.lam * F.mse_loss(feats[known].float(), protos[y[known]])
@@ -156,8 +158,7 @@ class FedPAC(FedAvg):
         super().receive(client, broadcast)
         if "global_protos" not in broadcast:  # round 0: only the common starting model
             return
-        client.state["global_protos"] = broadcast["global_protos"].to(client.device)
-        client.state["global_present"] = broadcast["global_present"].to(client.device)
+        client.state.take(broadcast, "global_protos", "global_present", client.device)
         i = client.index
         load_head(client, broadcast["heads_weight"][i], broadcast["heads_bias"][i])
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import check_weighting
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import ClassTargets, Message, option, register
 from fedtsp.algorithms.fedproto import FedProto
 from fedtsp.clients import Client
 
@@ -47,24 +47,29 @@ def prototype_logits(feats: Tensor, protos: Tensor, present: Tensor, tau: float)
     return sims.masked_fill(~present.unsqueeze(0), float("-inf"))
 
 
+@dataclass
+class FedPCLState(ClassTargets):
+    own_targets: Tensor | None = None  # L_i: this client's class means of its last upload
+    own_present: Tensor | None = None
+
+
 @register
 class FedPCL(FedProto):
     """FedProto's server (class-wise prototype average) with FedPCL's contrastive client side."""
 
     name = "fedpcl"
     Options = FedPCLOptions
+    State = FedPCLState
     settings = ("pfl",)
     revision = 0  # FedProto's revision 1 changed FedProto's defaults, not this method's
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         feats = client.model.features(x)
-        if "protos" not in client.state:
+        state = client.state
+        if state.targets is None:
             return F.cross_entropy(client.model.head(feats), y)
-        tau, loss, state = self.opts.tau, feats.new_zeros(()), client.state
-        global_and_own = (
-            (state["protos"], state["present"]),
-            (state["local_protos"], state["local_present"]),
-        )
+        tau, loss = self.opts.tau, feats.new_zeros(())
+        global_and_own = ((state.targets, state.present), (state.own_targets, state.own_present))
         for protos, present in global_and_own:
             known = present[y]  # a class without a prototype cannot be a target
             if bool(known.any()):
@@ -73,9 +78,9 @@ class FedPCL(FedProto):
         return loss
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        if "protos" not in client.state:
+        protos, present = client.state.targets, client.state.present
+        if protos is None:
             return client.model(x)
-        protos, present = client.state["protos"], client.state["present"]
         # Finite logits for the evaluation's loss: absent classes get a very low score.
         return prototype_logits(client.model.features(x), protos, present, 1.0).clamp(min=-1e4)
 
@@ -83,8 +88,5 @@ class FedPCL(FedProto):
         # A pass after training: this train_loss never calls the recording local_loss.
         means, counts = client.class_prototypes()
         message = {"protos": means, "counts": counts}
-        client.state["local_protos"], client.state["local_present"] = (
-            message["protos"],
-            message["counts"] > 0,
-        )
+        client.state.own_targets, client.state.own_present = means, counts > 0
         return message

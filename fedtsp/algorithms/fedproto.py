@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
 from fedtsp.clients import Client, check_prototype_source
 
 
@@ -63,6 +63,7 @@ def nearest_prototype_logits(
 class FedProto(Algorithm):
     name = "fedproto"
     Options = FedProtoOptions
+    State = ClassTargets
     revision = 2
 
     def local_loss(
@@ -70,7 +71,7 @@ class FedProto(Algorithm):
     ) -> Tensor | None:
         if self.opts.prototype_source == "training":
             client.record_class_sums(feats, y)
-        protos, present = client.state.get("protos"), client.state.get("present")
+        protos, present = client.state.targets, client.state.present
         if protos is None or self.opts.lam == 0:
             return None
         # Samples of classes without a global prototype are pulled towards themselves (0).
@@ -78,10 +79,10 @@ class FedProto(Algorithm):
         return self.opts.lam * F.mse_loss(feats, target.to(feats.dtype))
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        protos = client.state.get("protos")
+        protos = client.state.targets
         if self.opts.eval_mode == "head" or protos is None:
             return client.model(x)
-        return nearest_prototype_logits(client, x, protos, client.state["present"])
+        return nearest_prototype_logits(client, x, protos, client.state.present)
 
     def upload(self, client: Client) -> Message:
         means, counts = client.prototypes(self.opts.prototype_source)
@@ -95,8 +96,7 @@ class FedProto(Algorithm):
         return {"protos": protos, "present": present}
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        client.state["protos"] = broadcast["protos"].to(client.device)
-        client.state["present"] = broadcast["present"].to(client.device)
+        client.state.take(broadcast, "protos", "present", client.device)
 
     def artifacts(self) -> dict[str, Tensor]:
         protos = getattr(self, "global_protos", None)

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.aggregation import unweighted_class_means
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
 from fedtsp.algorithms.fedproto import check_eval_mode, nearest_prototype_logits
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
@@ -92,8 +92,9 @@ def _euclidean(a: Tensor, b: Tensor) -> Tensor:
 class FedTGP(Algorithm):
     name = "fedtgp"
     Options = FedTGPOptions
+    State = ClassTargets
 
-    def setup(self, clients: list[Client]) -> None:
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
         self.generator = TrainablePrototypes(self.ctx.num_classes, self.ctx.feature_dim).to(
             self.ctx.device
         )
@@ -105,13 +106,13 @@ class FedTGP(Algorithm):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        protos = client.state.get("protos")
+        protos = client.state.targets
         if protos is None or self.opts.lam == 0:
             return None
         return self.opts.lam * F.mse_loss(feats, protos[y].to(feats.dtype))
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        protos = client.state.get("protos")
+        protos = client.state.targets
         if self.opts.eval_mode == "head" or protos is None:
             return client.model(x)
         return nearest_prototype_logits(client, x, protos)  # every class has a prototype
@@ -122,7 +123,7 @@ class FedTGP(Algorithm):
         return {"protos": means[present], "present": present}
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        client.state["protos"] = broadcast["protos"].to(client.device)
+        client.state.take(broadcast, "protos", None, client.device)
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:

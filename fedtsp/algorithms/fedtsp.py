@@ -43,14 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.algorithms.fedavg import (
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
+from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
-from fedtsp.clients import Client, check_prototype_source
+from fedtsp.clients import Client, ClientFacts, check_prototype_source
 from fedtsp.descriptions import (
     description_set_path,
     handcrafted_prompts,
@@ -144,11 +144,20 @@ class FedTSPOptions:
             raise ValueError(f"dp_client={self.dp_client} is invalid; must be a client index")
 
 
+@dataclass
+class FedTSPState(ClassTargets):
+    """``targets``: the unit-norm text prototypes last received."""
+
+    logit_scale: Tensor | None = None
+
+
 @register
 class FedTSP(Algorithm):
     name = "fedtsp"
     Options = FedTSPOptions
+    State = FedTSPState
     settings = ("htfl", "gfl")
+    start_from = "model"  # homogeneous settings: one common starting model
 
     @classmethod
     def key_revision(cls, algo_options: dict[str, Any]) -> int:
@@ -165,8 +174,10 @@ class FedTSP(Algorithm):
             return value
         return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
 
-    def setup(self, clients: list[Client]) -> Message:
+    def setup_upload(self, client: Client) -> Message:
+        return super().setup_upload(client) if self.ctx.homogeneous else {}
 
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
         if opts.dp_client >= self.ctx.num_clients:
             raise ValueError(
@@ -187,7 +198,7 @@ class FedTSP(Algorithm):
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
         if self.ctx.homogeneous:  # one common starting model: client 0's initial weights
-            return self._broadcast() | model_message(clients[0].model)
+            return self._broadcast() | uploads[0]
         return self._broadcast()
 
     def _privatize_descriptions(self) -> None:
@@ -256,11 +267,11 @@ class FedTSP(Algorithm):
     ) -> Tensor | None:
         if self.opts.prototype_source == "training":
             client.record_class_sums(feats, y)
-        text = client.state.get("text_protos")
+        text = client.state.targets
         if text is None or self.opts.lam == 0:
             return None
         sims = F.normalize(feats.float(), dim=1) @ text.T  # text rows are unit-norm already
-        return self.opts.lam * F.cross_entropy(client.state["logit_scale"].exp() * sims, y)
+        return self.opts.lam * F.cross_entropy(client.state.logit_scale.exp() * sims, y)
 
     def upload(self, client: Client) -> Message:
         means, counts = client.prototypes(self.opts.prototype_source)
@@ -272,8 +283,8 @@ class FedTSP(Algorithm):
 
     def receive(self, client: Client, broadcast: Message) -> None:
         load_model_message(client.model, broadcast)  # homogeneous settings only
-        client.state["text_protos"] = F.normalize(broadcast["text_protos"], dim=1).to(client.device)
-        client.state["logit_scale"] = broadcast["logit_scale"].to(client.device)
+        client.state.targets = F.normalize(broadcast["text_protos"], dim=1).to(client.device)
+        client.state.logit_scale = broadcast["logit_scale"].to(client.device)
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:

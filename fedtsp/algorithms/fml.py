@@ -35,7 +35,7 @@ from torch import Tensor
 from fedtsp.aggregation import check_weighting, fedavg
 from fedtsp.algorithms.base import Algorithm, Message, option, register
 from fedtsp.algorithms.shared_model import (
-    attach_shared_models,
+    build_shared_model,
     check_grad_clip,
     check_kl_reduction,
     check_shared_arch,
@@ -44,12 +44,12 @@ from fedtsp.algorithms.shared_model import (
     clip_each,
     distill_kl,
     load_shared_weights,
-    resolve_shared_arch,
     set_training,
     shared_weights,
     upload_with_count,
 )
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
+from fedtsp.models.families import ClientModel
 
 
 @dataclass
@@ -89,27 +89,33 @@ class FMLOptions:
         check_grad_clip(self.grad_clip)
 
 
+@dataclass
+class FMLState:
+    shared: ClientModel  # the meme model: this client's copy of the one shared model
+
+
 @register
 class FML(Algorithm):
     name = "fml"
     Options = FMLOptions
+    State = FMLState
     revision = 2
 
-    def setup(self, clients: list[Client]) -> Message | None:
-        self.clients = clients  # for the analysis artifact only
-        template = attach_shared_models(
-            clients, self.ctx, resolve_shared_arch(self.opts.shared_arch, clients)
-        )
+    def init_client(self, client: Client) -> FMLState:
+        return FMLState(build_shared_model(self.ctx, self.opts.shared_arch, client.facts()))
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        # Every copy starts identical (built under one seed); nothing to send.
+        template = build_shared_model(self.ctx, self.opts.shared_arch, facts[0])
         self.keys = list(shared_weights(template))
-        return None  # every copy starts identical; nothing to send
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
-        return [*client.model.parameters(), *client.state["shared"].parameters()]
+        return [*client.model.parameters(), *client.state.shared.parameters()]
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         o = self.opts
         a, b, t, red = o.personal_alpha, o.meme_beta, o.temperature, o.kl_reduction
-        meme = client.state["shared"]
+        meme = client.state.shared
         set_training(meme, True)
         personal_logits = client.model(x)
         meme_logits = meme(x)
@@ -125,23 +131,19 @@ class FML(Algorithm):
         return personal + shared
 
     def before_step(self, client: Client) -> None:
-        clip_each([client.model, client.state["shared"]], self.opts.grad_clip)
+        clip_each([client.model, client.state.shared], self.opts.grad_clip)
 
     def upload(self, client: Client) -> Message:
-        return upload_with_count(
-            client, shared_weights(client.state["shared"]), self.opts.weighting
-        )
+        return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
 
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
         weights = client_weights(uploads, self.opts.weighting)
         return fedavg(uploads, weights, self.keys)
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        load_shared_weights(client.state["shared"], broadcast)
+        load_shared_weights(client.state.shared, broadcast)
 
-    def artifacts(self) -> dict[str, Tensor]:
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
         # The meme model is one global model: its class-mean features over all clients' data
-        # are the run's global class prototypes (computed here, never transmitted).
-        return {
-            "global_prototypes": class_mean_features(self.clients[0].state["shared"], self.clients)
-        }
+        # are the run's global class prototypes.
+        return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}

@@ -19,14 +19,14 @@ import torch.nn.functional as F
 
 from fedtsp.algorithms.base import Message, option, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg
-from fedtsp.algorithms.fedavg import (
+from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
 from fedtsp.algorithms.shared_model import seeded
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import build_model
 
 PICK_KEY = "ifca.cluster"
@@ -75,23 +75,20 @@ class IFCA(ClusteredFedAvg):
     Options = IFCAOptions
 
     # ---- server half -------------------------------------------------------------------
-    def setup(self, clients: list[Client]) -> Message:
-        super().setup(clients)
-        first = clients[0]
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        super().setup(facts, uploads)
+        first, ctx = facts[0], self.ctx
         for j in range(self.opts.num_clusters):
-            with seeded(self.ctx, tag=0x1FCA + j):  # K independent starts, the same every run
+            with seeded(ctx, tag=0x1FCA + j):  # K independent starts, the same every run
                 model = build_model(
-                    first.model.arch,
-                    first.num_classes,
-                    feature_dim=first.model.feature_dim,
-                    in_channels=int(first.train_x.shape[1]),
-                    image_size=int(first.train_x.shape[-1]),
-                ).to(first.device)
+                    first.arch,
+                    ctx.num_classes,
+                    feature_dim=ctx.feature_dim,
+                    in_channels=first.in_channels,
+                    image_size=first.image_size,
+                ).to(ctx.device)
             self.models[j] = model_message(model)
         return self._all_models()
-
-    def initial_assignment(self) -> None:
-        return None  # the clients' picks, known after each round's uploads
 
     def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         self.assignment = np.array([int(uploads[i][PICK_KEY]) for i in sorted(uploads)])
@@ -117,8 +114,8 @@ class IFCA(ClusteredFedAvg):
             losses.append(training_loss(client))
         pick = int(ifca_assign(np.array([losses]))[0])
         load_model_message(client.model, _model_of(broadcast, pick))
-        client.state["cluster"] = pick
+        client.state.cluster = pick
 
     def upload(self, client: Client) -> Message:
         message = with_sample_count(client, model_message(client.model))
-        return message | {PICK_KEY: torch.tensor(client.state["cluster"], dtype=torch.int64)}
+        return message | {PICK_KEY: torch.tensor(client.state.cluster, dtype=torch.int64)}

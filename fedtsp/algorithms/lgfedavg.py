@@ -16,20 +16,18 @@ from torch import Tensor
 
 from fedtsp.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, register
-from fedtsp.clients import Client
+from fedtsp.algorithms.model_messages import message_head
+from fedtsp.clients import Client, ClientFacts
 
 
 @register
 class LGFedAvg(Algorithm):
     name = "lg-fedavg"
+    start_from = "head"  # one common starting head, as the authors' server sends in round 0
 
-    def setup(self, clients: list[Client]) -> Message:
-        # One common starting head, as the authors' server sends client 0's head in round 0.
-        head = clients[0].model.head
-        self.global_head = {
-            "weight": head.weight.detach().float().clone(),
-            "bias": head.bias.detach().float().clone(),
-        }
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        weight, bias = message_head(uploads[0])
+        self.global_head = {"weight": weight.float(), "bias": bias.float()}
         return self._broadcast()
 
     def _broadcast(self) -> Message:

@@ -2,9 +2,10 @@
 not an algorithm).
 
 Each client keeps, beside its heterogeneous personal model, its own copy of one small model of
-a common architecture in ``client.state["shared"]``; the server averages the copies (FedAvg)
-and every client loads the average in place. All copies start identical: the model is built
-once under a seed derived from the run seed, then deep-copied.
+a common architecture in its state (``shared``); the server averages the copies (FedAvg) and
+every client loads the average in place. All copies start identical: the model is built
+under a seed derived from the run seed, by every client for itself (and by the server, for
+the names and shapes it averages), so nothing needs to be sent before round 0.
 
 Which architecture: ``shared_arch="first"`` (the default) is the first architecture of the
 run's model family (client 0's), which is what the FedTSP authors' fork of HtFLlib builds for
@@ -19,7 +20,6 @@ so it has exactly the structure of a client model.
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,11 +29,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.aggregation import normalized_weights
-from fedtsp.models.families import ARCHITECTURES, ClientModel, build_model
+from fedtsp.models.families import ARCHITECTURES, ClientModel, build_model, client_architecture
 
 if TYPE_CHECKING:
     from fedtsp.algorithms.base import Message, RunContext
-    from fedtsp.clients import Client
+    from fedtsp.clients import Client, ClientFacts
 
 FAMILY_FIRST = "first"
 KL_REDUCTIONS = ("batchmean", "mean")
@@ -56,11 +56,6 @@ def check_shared_arch(value: str) -> None:
         )
 
 
-def resolve_shared_arch(value: str, clients: Sequence[Client]) -> str:
-    """The architecture name behind an option value (``"first"``: client 0's architecture)."""
-    return clients[0].model.arch if value == FAMILY_FIRST else value
-
-
 @contextlib.contextmanager
 def seeded(ctx: RunContext, tag: int) -> Iterator[None]:
     """Draw from torch's global RNG under a seed fixed by (run seed, tag), then restore it."""
@@ -71,33 +66,22 @@ def seeded(ctx: RunContext, tag: int) -> Iterator[None]:
 
 
 def build_shared_model(
-    ctx: RunContext,
-    in_channels: int,
-    image_size: int,
-    arch: str = "fedavgcnn",
-    feature_dim: int | None = None,
+    ctx: RunContext, arch: str, facts: ClientFacts, feature_dim: int | None = None
 ) -> ClientModel:
-    """The shared model, built under a fixed seed: the same weights on every call."""
+    """The shared model for images shaped as ``facts`` says, built under a fixed seed: the
+    same weights on every call. ``arch``: an architecture, or ``"first"``, the run family's
+    first architecture (client 0's)."""
+    if arch == FAMILY_FIRST:
+        arch = client_architecture(ctx.family, 0)
     with seeded(ctx, tag=0x5EED):
         model = build_model(
             arch,
             ctx.num_classes,
             feature_dim=feature_dim or ctx.feature_dim,
-            in_channels=in_channels,
-            image_size=image_size,
+            in_channels=facts.in_channels,
+            image_size=facts.image_size,
         )
     return model.to(ctx.device)
-
-
-def attach_shared_models(
-    clients: Sequence[Client], ctx: RunContext, arch: str, feature_dim: int | None = None
-) -> ClientModel:
-    """Give every client an identical copy in ``state["shared"]``; return the template."""
-    _, in_channels, image_size, _ = clients[0].train_x.shape
-    template = build_shared_model(ctx, int(in_channels), int(image_size), arch, feature_dim)
-    for client in clients:
-        client.state["shared"] = copy.deepcopy(template)
-    return template
 
 
 def set_training(module: nn.Module, mode: bool) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from fedtsp.data.populations import build_population
 from fedtsp.models.families import ClientModel, build_client_model
 from fedtsp.paths import portable_path
 from fedtsp.runspec import data_names, population_spec
+from fedtsp.seeding import rng_state, seed_everything
 
 # A run's loaded data: its dataset, or a population's datasets by name.
 Datasets = ImageDataset | dict[str, ImageDataset]
@@ -91,7 +93,7 @@ class ClientData:
 
 
 def load_datasets(
-    config: RunConfig, data: str | Any | None = None, given: Datasets | None = None
+    config: RunConfig, data: str | Path | None = None, given: Datasets | None = None
 ) -> dict[str, ImageDataset]:
     """Every dataset the run reads (`data_names`): from ``given``, else loaded (``data``
     locates the run's own dataset; a population's others come from their default places)."""
@@ -172,6 +174,7 @@ def run_context(
         seed=config.seed,
         setting=config.setting,
         groups=groups,
+        family=config.family,
     )
 
 
@@ -202,6 +205,20 @@ def client_model(
         in_channels=channels,
         image_size=image_size,
     ).to(config.device)
+
+
+def initial_models(
+    config: RunConfig, num_classes: int, feature_dim: int, channels: int, image_size: int
+) -> tuple[list[ClientModel], dict[str, Any]]:
+    """Every client's starting model, built in client order from the run seed, and the RNG
+    state right after them: the stream both halves' set-up draws continue from, on every
+    engine (``set_up_client``, ``set_up_server``)."""
+    seed_everything(config.seed)
+    models = [
+        client_model(config, i, num_classes, feature_dim, channels, image_size)
+        for i in range(config.num_clients)
+    ]
+    return models, rng_state()
 
 
 def make_client(

@@ -1,8 +1,9 @@
-"""The client half of a round, the same on every transport: receive, evaluate, train, upload.
+"""The client half of set-up and of a round, the same on every transport: set up (state,
+optimiser, facts, set-up upload), then each round receive, evaluate, train, upload.
 
 The in-process simulator runs these steps for all clients in memory; a Flower node runs
-them for its one client. Both report a :class:`ClientReply`, the only thing (besides the
-upload) that goes back to the server.
+them for its one client. Both report a :class:`SetupReply` once and a :class:`ClientReply`
+per round, the only things that go back to the server.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from typing import Any
 import torch
 
 from fedtsp.algorithms.base import Algorithm, Message
-from fedtsp.clients import Client, EvalResult, NonFiniteLossError
+from fedtsp.clients import Client, ClientFacts, EvalResult, NonFiniteLossError
 from fedtsp.config import RunConfig
-from fedtsp.seeding import derive_seed, seed_everything
+from fedtsp.seeding import derive_seed, seed_everything, set_rng_state
 
 GlobalTest = tuple[torch.Tensor, torch.Tensor]
 TRAINING_STREAM = 1  # tells a client's training seed from its batch-order seed
@@ -30,6 +31,26 @@ class RoundWork:
     train: bool  # False in the closing round: evaluation only
     global_eval: bool  # also score on the global test set
     gfl_client: int | None = None  # gfl: this client's copy is the global model; score it
+
+
+@dataclass
+class SetupReply:
+    """What a client tells the server in set-up."""
+
+    facts: ClientFacts
+    upload: Message
+
+
+def set_up_client(
+    algorithm: Algorithm, client: Client, config: RunConfig, rng: dict[str, Any]
+) -> SetupReply:
+    """The method's client state and the client's optimiser; its facts and set-up upload.
+    Its draws continue the run's stream after the models (``rng``, from
+    ``engine.build.initial_models``), so every client on every transport draws alike."""
+    set_rng_state(rng)
+    client.state = algorithm.init_client(client)
+    client.optimizer = torch.optim.SGD(algorithm.client_parameters(client), lr=config.lr)
+    return SetupReply(client.facts(), algorithm.setup_upload(client))
 
 
 @dataclass
@@ -82,15 +103,18 @@ def evaluate_client(
 
 
 def train_client(
-    algorithm: Algorithm, client: Client, config: RunConfig, round_index: int
-) -> float:
-    """Local epochs. Their randomness is a function of (seed, round, client) alone, whatever
-    ran before them in this process: the batch order has its own generator, and the global
-    RNGs (a method's noise, dropout) are reseeded, so every engine trains alike."""
-    generator = torch.Generator().manual_seed(derive_seed(config.seed, round_index, client.index))
-    seed_everything(derive_seed(config.seed, round_index, client.index, TRAINING_STREAM))
+    algorithm: Algorithm, client: Client, config: RunConfig, reply: ClientReply
+) -> None:
+    """Local epochs of round ``client.round``; the reply gets their mean loss and time.
+
+    Their randomness is a function of (seed, round, client) alone, whatever ran before them
+    in this process: the batch order has its own generator, and the global RNGs (a method's
+    noise, dropout) are reseeded, so every engine trains alike."""
+    start, t = time.perf_counter(), client.round
+    generator = torch.Generator().manual_seed(derive_seed(config.seed, t, client.index))
+    seed_everything(derive_seed(config.seed, t, client.index, TRAINING_STREAM))
     try:
-        return client.train(
+        reply.train_loss = client.train(
             algorithm.train_loss,
             config.local_epochs,
             config.batch_size,
@@ -98,7 +122,8 @@ def train_client(
             algorithm.before_step,
         )
     except NonFiniteLossError as exc:
-        raise NonFiniteLossError(f"{exc} in round {round_index}; the run stops here") from None
+        raise NonFiniteLossError(f"{exc} in round {t}; the run stops here") from None
+    reply.timings["train"] = time.perf_counter() - start
 
 
 def upload_client(algorithm: Algorithm, client: Client, reply: ClientReply) -> None:

@@ -1,4 +1,8 @@
-"""The one round loop of every engine.
+"""The one round loop of every engine, and the server half of set-up.
+
+Set-up: every client sets up its half and reports its facts and set-up upload
+(``client_round.set_up_client``); the server sets up from those alone (``set_up_server``)
+and its first message, if any, reaches every client before round 0 (``RoundLoop.start``).
 
 A round t, on the server::
 
@@ -22,9 +26,9 @@ from tqdm.auto import tqdm
 
 from fedtsp.algorithms.base import Algorithm, Message
 from fedtsp.config import RunConfig
-from fedtsp.engine.client_round import ClientReply, RoundWork
+from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
 from fedtsp.engine.messages import message_nbytes
-from fedtsp.seeding import derive_seed, seed_everything
+from fedtsp.seeding import derive_seed, seed_everything, set_rng_state
 
 PHASES = ("evaluate", "train", "upload", "server", "broadcast", "checkpoint")
 
@@ -39,6 +43,22 @@ class Transport(Protocol):
     def deliver(self, messages: dict[int, Message]) -> float:
         """Hand each client its message (at once, or with the next round); seconds spent."""
         ...
+
+
+def set_up_server(
+    server: Algorithm, replies: dict[int, SetupReply], rng: dict[str, Any]
+) -> Message | None:
+    """The method's server set-up from the clients' facts and set-up uploads (client order);
+    its draws continue the run's stream after the models (``rng``), as the clients' do."""
+    order = sorted(replies)
+    set_rng_state(rng)
+    return server.setup([replies[i].facts for i in order], {i: replies[i].upload for i in order})
+
+
+def setup_bytes(replies: dict[int, SetupReply], first: Message | None) -> dict[str, float]:
+    """The set-up's traffic per client, as the record keeps it beside the rounds'."""
+    ups = [message_nbytes(r.upload) for r in replies.values()]
+    return {"bytes_up_per_client": float(np.mean(ups)), "bytes_down": float(message_nbytes(first))}
 
 
 def global_eval_due(config: RunConfig, round_index: int) -> bool:

@@ -68,6 +68,7 @@ def federated_record(
     wall_seconds: float,
     environment: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    setup: dict[str, float] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A federated run's record: config, code version, data, history, summary, costs."""
@@ -92,6 +93,7 @@ def federated_record(
         | (environment or {}),
         "dataset": {k: dataset[k] for k in ("name", "source", "checksum", "classes")},
         "partition": partition,
+        **({"setup": setup} if setup else {}),  # the set-up messages' bytes (setup_bytes)
         "history": history,
         "summary": summary if history else {},
         "timings": timing_totals(history, wall_seconds),

@@ -3,7 +3,10 @@
 Messages (``dst``: who receives it):
 
 * ``query.hello`` (node): which client (``partition-id``) the node holds;
-* the round-0 message also carries the run description and the client's initial state;
+* ``query.setup`` (node, a fresh run): the run description; the node sets up its client
+  from its node file and answers with the client's facts and set-up upload;
+* a resumed run's first round instead carries the run description and each client's saved
+  state;
 * ``train`` / ``evaluate`` (node): round t with the previous server broadcast as an
   ArrayRecord; the reply carries the evaluation counts, the training loss and timings
   (ConfigRecord) and the client's upload (ArrayRecord). ``evaluate`` closes the run:
@@ -27,7 +30,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from fedtsp.algorithms import Message as AlgoMessage
-from fedtsp.engine.client_round import ClientReply, RoundWork
+from fedtsp.clients import ClientFacts
+from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
 from fedtsp.engine.loop import RoundLoop
 from fedtsp.flower.core import (
     ClientFailureError,
@@ -229,6 +233,24 @@ def _handshake(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
     return targets
 
 
+def _set_up_nodes(
+    grid: Grid, targets: dict[int, int], run_json: str, device: Any, timeout: float
+) -> dict[int, SetupReply]:
+    """Every node sets up its client and answers with its facts and set-up upload."""
+    contents = {i: RecordDict({"init": ConfigRecord({"run": run_json})}) for i in targets}
+    replies, failed = _exchange(grid, targets, contents, "query.setup", "setup", timeout)
+    if failed:
+        reasons = "; ".join(f"client {i}: {why}" for i, why in sorted(failed.items()))
+        raise ClientFailureError(f"set-up failed, no round has run: {reasons}")
+    return {
+        i: SetupReply(
+            ClientFacts.from_json(json.loads(str(r.content["facts"]["json"]))),
+            _message_from(r.content["upload"], device),
+        )
+        for i, r in sorted(replies.items())
+    }
+
+
 def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     """The ServerApp's body: set up, map nodes to clients, run every round, write the record."""
     wall_start = time.perf_counter()
@@ -238,16 +260,16 @@ def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     targets = _handshake(grid, cfg.num_clients, timeout)
     run_json = json.dumps(run)
     saved = loop.resume_state()
-    blobs = dict(enumerate(loop.initial_blobs)) if saved is None else saved["clients"]
+    blobs = {} if saved is None else saved["clients"]
     init = {i: ConfigRecord({"run": run_json, "blob": blob}) for i, blob in blobs.items()}
-    loop.initial_blobs = []
     transport = FlowerTransport(
         grid, targets, init, cfg.device, timeout, run["on_failure"], loop.checkpoint_due
     )
     rounds = RoundLoop(loop.algorithm, transport, cfg, sorted(targets))
     if saved is None:
         start, history = 0, []
-        rounds.start(loop.first_broadcast)
+        replies = _set_up_nodes(grid, targets, run_json, cfg.device, timeout)
+        rounds.start(loop.set_up(replies))
     else:
         start, history = saved["round"] + 1, saved["history"]
         transport.pending = saved["pending"]
@@ -375,16 +397,27 @@ def make_apps(workdir: str | Path | None = None) -> tuple[ServerApp, ClientApp]:
         return Message(content, reply_to=msg)
 
     def _init(msg: Message, context: Context) -> NodeRuntime:
+        """The node's client, set up afresh (``query.setup``) or from a saved state (the
+        first round of a resumed run)."""
         init = msg.content["init"]
         run = json.loads(str(init["run"]))
         index = _partition_id(context)
         data_file = _data_file(context, _workdir(context), index)
-        node = NodeRuntime.build(run, index, data_file, init["blob"])  # checks the data now
+        blob = init.get("blob")
+        node = NodeRuntime.build(run, index, data_file, blob)  # checks the data now
         context.state[_STATE_KEY] = ConfigRecord(
             {"run": str(init["run"]), "index": index, "data-file": data_file, "marker": 0}
         )
         _persist(context, node)
         return node
+
+    @client.query("setup")
+    def _setup(msg: Message, context: Context) -> Message:
+        reply = _init(msg, context).setup_reply
+        assert reply is not None, "a fresh set-up always has a reply"
+        facts = ConfigRecord({"json": json.dumps(reply.facts.to_json())})
+        content = RecordDict({"facts": facts, "upload": _arrays(reply.upload)})
+        return Message(content, reply_to=msg)
 
     def _round(msg: Message, context: Context) -> Message:
         node = _init(msg, context) if "init" in msg.content else _node_runtime(context)

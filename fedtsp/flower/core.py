@@ -3,13 +3,14 @@
 A Flower run is split the way a real federation is:
 
 * the *work folder* (written by :func:`prepare_workdir` from a config and a dataset) holds
-  ``run.json`` (config, dataset facts, the run's key), ``server.npz`` (each client's label
-  vector, which some methods' set-up reads; never images) and one ``node-<i>.npz`` per
-  client with that client's train/test images: the partition handed to each node;
+  ``run.json`` (config, dataset facts, the run's key), ``server.npz`` (the set-up RNG state
+  of ``engine.build.initial_models``; nothing of any client) and one ``node-<i>.npz`` per
+  client with that client's train/test images and starting model, built as the simulator
+  builds it: what is handed to each node;
 * the server (:class:`ServerLoop`, run inside Flower's ServerApp) owns the method's server
-  half and its state (e.g. FedTSP's text encoder and prompts), builds every client's
-  initial model exactly as the in-process simulator does and ships it to its node once;
-  the rounds are the engine's :class:`fedtsp.engine.loop.RoundLoop`, the simulator's;
+  half and its state (e.g. FedTSP's text encoder and prompts); it sets up from the facts and
+  set-up uploads the nodes send in a ``query.setup`` exchange, and the rounds are the
+  engine's :class:`fedtsp.engine.loop.RoundLoop`, the simulator's;
 * a node (:class:`NodeRuntime`, run inside Flower's ClientApp) holds one client and the
   method's client half: data, model, optimiser and client state, kept in the node's Flower
   ``Context.state`` between rounds (and cached while the same process serves the node).
@@ -25,7 +26,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ import torch
 
 from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
 from fedtsp.atomic import atomic_write_bytes
-from fedtsp.clients import Client
+from fedtsp.clients import Client, ClientFacts
 from fedtsp.config import ConfigError, RunConfig
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
@@ -43,6 +43,7 @@ from fedtsp.engine.build import (
     client_data,
     client_model,
     data_identity,
+    initial_models,
     load_datasets,
     make_client,
     resolve_feature_dim,
@@ -51,12 +52,14 @@ from fedtsp.engine.build import (
 from fedtsp.engine.client_round import (
     ClientReply,
     RoundWork,
+    SetupReply,
     evaluate_client,
     receive_client,
+    set_up_client,
     train_client,
     upload_client,
 )
-from fedtsp.engine.loop import checkpoint_due, round_work
+from fedtsp.engine.loop import checkpoint_due, round_work, set_up_server, setup_bytes
 from fedtsp.engine.record import federated_record
 from fedtsp.results import RunStore, json_default
 from fedtsp.runspec import check_run, run_key
@@ -66,6 +69,8 @@ log = logging.getLogger("fedtsp.flower")
 
 ENGINES = ("flower-sim", "flower-processes")
 FAILURE_POLICIES = ("stop", "continue")
+INITIAL = "initial."  # node file entries of the client's starting model
+SETUP_RNG = "setup_rng"  # the set-up RNG state (torch.save bytes as uint8)
 
 
 class ClientFailureError(RuntimeError):
@@ -119,7 +124,8 @@ def prepare_workdir(
     checkpoint_every: int = 1,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
-    """Write run.json, server.npz and node-<i>.npz; return run.json's content.
+    """Write run.json, server.npz and node-<i>.npz (data and starting model); return
+    run.json's content.
 
     ``resume``: continue from the run's checkpoint, if there is one. ``stop_after``: end
     the run after that many rounds, as an interruption would (the checkpoint stays).
@@ -143,16 +149,21 @@ def prepare_workdir(
     workdir.mkdir(parents=True, exist_ok=True)
     datasets = load_datasets(config, None, dataset)
     cdata = client_data(config, datasets)
-    for i in range(config.num_clients):
+    classes = len(cdata.class_names)
+    models, rng = initial_models(config, classes, feature_dim, cdata.channels, cdata.image_size)
+    rng_bytes = np.frombuffer(to_bytes(rng), dtype=np.uint8)
+    for i, model in enumerate(models):
         (train_x, train_y), (test_x, test_y) = cdata.train[i], cdata.test[i]
         arrays = {"train_x": train_x, "train_y": train_y, "test_x": test_x, "test_y": test_y}
+        arrays |= {INITIAL + k: v.cpu().numpy() for k, v in model.state_dict().items()}
+        arrays[SETUP_RNG] = rng_bytes
         # The global test set goes where it is scored: every node (global_eval_every), or
         # client 0, whose copy is the global model after every broadcast (gfl).
         due = config.global_eval_every > 0 or round_work(config, 0).gfl_client == i
         if due and cdata.global_test is not None:
             arrays |= {"global_x": cdata.global_test[0], "global_y": cdata.global_test[1]}
         _save_npz(workdir / f"node-{i}.npz", arrays)
-    _save_npz(workdir / "server.npz", {f"train_y_{i}": y for i, (_, y) in enumerate(cdata.train)})
+    _save_npz(workdir / "server.npz", {SETUP_RNG: rng_bytes})
     run = {
         "key": engine_key(config, datasets, engine),
         "engine": engine,
@@ -193,18 +204,6 @@ def _build_model(run: dict[str, Any], config: RunConfig, index: int) -> torch.nn
     )
 
 
-def _client_blob(client: Client) -> bytes:
-    """A client's persistent state: model weights, optimiser state, algorithm state."""
-    return to_bytes(
-        {
-            "model": client.model.state_dict(),
-            "optimizer": client.optimizer.state_dict() if client.optimizer else None,
-            "state": client.state,  # modules (shared models, generators) pickled whole
-            "model_seconds": client.model_seconds,
-        }
-    )
-
-
 # ---- the server ---------------------------------------------------------------------------
 @dataclass
 class Failure:
@@ -228,43 +227,26 @@ class ServerLoop:
     run: dict[str, Any] = field(init=False)
     config: RunConfig = field(init=False)
     algorithm: Algorithm = field(init=False)
-    initial_blobs: list[bytes] = field(init=False)
-    first_broadcast: Message | None = field(init=False)
+    setup_replies: dict[int, SetupReply] = field(init=False, default_factory=dict)
+    setup_traffic: dict[str, float] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-
         self.workdir = Path(self.workdir)
         self.run = load_run(self.workdir)
         self.config = RunConfig.from_dict(self.run["config"])
-        cfg = self.config
+        cfg, meta = self.config, self.run["dataset"]
         options = resolve_options(cfg.algorithm, cfg.algo_options)
-        labels = np.load(self.workdir / "server.npz")
-        meta = self.run["dataset"]
-        # Same construction order as fedtsp.simulation.prepare, so that every model (and
-        # any per-client state the method's set-up draws) starts from the same weights.
-        # The server sees label vectors only: image tensors are empty placeholders.
-        seed_everything(cfg.seed)
-        device = torch.device(cfg.device)
-        empty = torch.zeros(0, meta["channels"], meta["image_size"], meta["image_size"])
-        clients = []
-        for i in range(cfg.num_clients):
-            model = _build_model(self.run, cfg, i)
-            train_y = torch.from_numpy(labels[f"train_y_{i}"]).long().to(device)
-            clients.append(
-                Client(
-                    i,
-                    model,
-                    empty.to(device),
-                    train_y,
-                    empty.to(device),
-                    train_y[:0],
-                    len(meta["classes"]),
-                )
-            )
         context = run_context(cfg, meta["classes"], self.run["feature_dim"], self.run["groups"])
         self.algorithm = get_algorithm(cfg.algorithm)(options, context)
-        self.first_broadcast = self.algorithm.setup(clients)
-        self.initial_blobs = [_client_blob(c) for c in clients]
+
+    def set_up(self, replies: dict[int, SetupReply]) -> Message | None:
+        """The server half's set-up from the nodes' set-up replies; returns its first message."""
+        with np.load(self.workdir / "server.npz") as arrays:
+            rng = from_bytes(arrays[SETUP_RNG].tobytes())
+        self.setup_replies = dict(replies)
+        first = set_up_server(self.algorithm, replies, rng)
+        self.setup_traffic = setup_bytes(replies, first)
+        return first
 
     @property
     def store(self) -> RunStore:
@@ -288,6 +270,8 @@ class ServerLoop:
         state = {
             "round": round_index,
             "clients": client_blobs,
+            # The set-up's inputs: a resumed server sets up again from them, then loads.
+            "setup": {i: (r.facts.to_json(), r.upload) for i, r in self.setup_replies.items()},
             "algorithm": self.algorithm.state_dict(),
             "pending": pending,
             "history": history,
@@ -295,11 +279,17 @@ class ServerLoop:
         self.store.save_checkpoint(self.run["key"], state)
 
     def resume_state(self) -> dict[str, Any] | None:
-        """The checkpoint to continue from (run.json's ``resume`` and one exists), else None."""
+        """The checkpoint to continue from (run.json's ``resume`` and one exists), set up and
+        loaded into the server half; else None."""
         key = self.run["key"]
         if not self.run["resume"] or not self.store.checkpoint_path(key).exists():
             return None
         state = self.store.load_checkpoint(key, self.config.device)
+        replies = {
+            i: SetupReply(ClientFacts.from_json(facts), upload)
+            for i, (facts, upload) in state["setup"].items()
+        }
+        self.set_up(replies)
         self.algorithm.load_state_dict(state["algorithm"])
         return state
 
@@ -319,6 +309,7 @@ class ServerLoop:
             wall_seconds=wall_seconds,
             environment={"flwr": _flwr_version()},
             server=self.algorithm.record_extras(),
+            setup=self.setup_traffic,
             extra={"engine": self.run["engine"]} | extra,
         )
 
@@ -329,12 +320,9 @@ class ServerLoop:
         return path
 
     def artifacts(self) -> dict[str, np.ndarray]:
-        try:
-            items = self.algorithm.artifacts().items()
-        except Exception as exc:  # noqa: BLE001 - some artefacts need client data
-            log.warning("artefacts skipped: the server holds no client data (%s)", exc)
-            return {}
-        return {k: v.detach().cpu().float().numpy() for k, v in items}
+        """The server half's artefacts (``analysis_artifacts`` need every client: simulator
+        only)."""
+        return {k: v.detach().cpu().float().numpy() for k, v in self.algorithm.artifacts().items()}
 
 
 def _flwr_version() -> str | None:
@@ -349,16 +337,19 @@ def _flwr_version() -> str | None:
 # ---- a node -------------------------------------------------------------------------------
 @dataclass
 class NodeRuntime:
-    """One client on one node: data from its node file, model and state from the server."""
+    """One client on one node: data and starting model from its node file; set up here
+    (``blob`` None) or restored from a saved state (``blob``)."""
 
     config: RunConfig
     client: Client
     algorithm: Algorithm
     global_test: tuple[torch.Tensor, torch.Tensor] | None
+    setup_reply: SetupReply | None = None  # what a fresh set-up tells the server
 
     @classmethod
-    def build(cls, run: dict[str, Any], index: int, data_file: str | Path, blob: bytes) -> Any:
-
+    def build(
+        cls, run: dict[str, Any], index: int, data_file: str | Path, blob: bytes | None
+    ) -> NodeRuntime:
         cfg = RunConfig.from_dict(run["config"])
         path = Path(data_file)
         if not path.exists():
@@ -373,15 +364,22 @@ class NodeRuntime:
             train_x, train_y = tensors("train")
             test_x, test_y = tensors("test")
             global_test = tensors("global") if "global_x" in arrays.files else None
+            n = len(INITIAL)
+            initial = {k[n:]: torch.from_numpy(arrays[k]) for k in arrays.files if k[:n] == INITIAL}
+            rng = from_bytes(arrays[SETUP_RNG].tobytes())
         classes = run["dataset"]["classes"]
         model = _build_model(run, cfg, index)
+        model.load_state_dict(initial)
         client = make_client(cfg, index, model, (train_x, train_y), (test_x, test_y), len(classes))
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         algorithm = get_algorithm(cfg.algorithm)(
             options, run_context(cfg, classes, run["feature_dim"], run["groups"])
         )
         node = cls(cfg, client, algorithm, global_test)
-        node.load_blob(blob)
+        if blob is None:
+            node.setup_reply = set_up_client(algorithm, client, cfg, rng)
+        else:
+            node.load_blob(blob)
         return node
 
     def load_blob(self, blob: bytes) -> None:
@@ -397,7 +395,16 @@ class NodeRuntime:
             client.optimizer.load_state_dict(saved["optimizer"])
 
     def blob(self) -> bytes:
-        return _client_blob(self.client)
+        """The client's persistent state: model weights, optimiser state, method state."""
+        client = self.client
+        return to_bytes(
+            {
+                "model": client.model.state_dict(),
+                "optimizer": client.optimizer.state_dict() if client.optimizer else None,
+                "state": client.state,  # modules (shared models, generators) pickled whole
+                "model_seconds": client.model_seconds,
+            }
+        )
 
     def round(self, work: RoundWork, message: Message | None) -> ClientReply:
         """receive -> evaluate -> (train -> upload): this client's half of one round."""
@@ -409,9 +416,7 @@ class NodeRuntime:
         reply = evaluate_client(algo, client, work, self.global_test)
         reply.timings["broadcast"] = received
         if work.train:
-            start = time.perf_counter()
-            reply.train_loss = train_client(algo, client, cfg, work.round)
-            reply.timings["train"] = time.perf_counter() - start
+            train_client(algo, client, cfg, reply)
             upload_client(algo, client, reply)
         reply.timings["model"] = client.model_seconds - model_before
         return reply

@@ -1,0 +1,56 @@
+"""A model (or a part of it) as message entries: ``"model.<state key>"`` tensors, which
+FedAvg, the clustered methods and every method that sends a common starting model or head
+share, next to their own entries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from fedtsp.aggregation import fedavg, normalized_weights
+from fedtsp.algorithms.shared_model import SAMPLES_KEY, load_shared_weights, shared_weights
+
+if TYPE_CHECKING:
+    from fedtsp.clients import Client
+
+Message = dict[str, Tensor]
+MODEL_PREFIX = "model."
+HEAD_KEYS = ("model.head.weight", "model.head.bias")
+
+
+def model_message(
+    model: nn.Module, keep: Callable[[str], bool] = lambda key: True
+) -> dict[str, Tensor]:
+    """The model's floating-point state (those keys ``keep`` accepts) as message entries."""
+    return {MODEL_PREFIX + k: v for k, v in shared_weights(model).items() if keep(k)}
+
+
+def head_message(model: nn.Module) -> dict[str, Tensor]:
+    """The linear head's weight and bias as message entries (``HEAD_KEYS``)."""
+    return model_message(model, lambda key: key in ("head.weight", "head.bias"))
+
+
+def message_head(message: Message) -> tuple[Tensor, Tensor]:
+    """(weight, bias) of a head sent with `head_message` (or inside a whole model's)."""
+    return message[HEAD_KEYS[0]], message[HEAD_KEYS[1]]
+
+
+def load_model_message(model: nn.Module, message: Message) -> None:
+    """Copy every ``model.*`` entry of ``message`` into ``model`` in place."""
+    n = len(MODEL_PREFIX)
+    load_shared_weights(model, {k[n:]: v for k, v in message.items() if k.startswith(MODEL_PREFIX)})
+
+
+def with_sample_count(client: Client, message: Message) -> Message:
+    """Add the client's train size, the weight of its upload in the sample-weighted mean."""
+    return message | {SAMPLES_KEY: torch.tensor(client.num_train, dtype=torch.int64)}
+
+
+def average_model_messages(uploads: Sequence[Message]) -> dict[str, Tensor]:
+    """Sample-weighted FedAvg of the uploads' ``model.*`` entries."""
+    weights = normalized_weights([u[SAMPLES_KEY] for u in uploads], "samples")
+    keys = [k for k in uploads[0] if k.startswith(MODEL_PREFIX)]
+    return fedavg(uploads, weights, keys)
