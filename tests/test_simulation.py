@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -10,7 +11,7 @@ import torch
 from conftest import assert_uploads_training_means, key_before_fields, tiny_config
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
-from fedtsp.clients import NonFiniteLossError
+from fedtsp.clients import ClientFacts, NonFiniteLossError
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
 from fedtsp.simulation import prepare, run_experiment
@@ -94,6 +95,33 @@ def _native_setting(algorithm: str) -> dict:
     """Setting (and, for the homogeneous ones, a one-architecture family) a method runs in."""
     setting = get_algorithm(algorithm).settings[0]
     return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
+    tiny_data, algorithm, monkeypatch
+):
+    cls = get_algorithm(algorithm)
+    seen = {}
+    setup = cls.setup
+
+    def spy(self, facts, uploads):
+        seen["facts"], seen["uploads"] = facts, uploads
+        return setup(self, facts, uploads)
+
+    monkeypatch.setattr(cls, "setup", spy)
+    run = prepare(tiny_config(algorithm=algorithm, **_native_setting(algorithm)), dataset=tiny_data)
+    assert dataclasses.is_dataclass(cls.State)
+    assert all(type(c.state) is cls.State for c in run.clients)  # one typed state each
+    assert [f.index for f in seen["facts"]] == [0, 1, 2, 3]  # facts, not client objects
+    assert all(type(f) is ClientFacts for f in seen["facts"])
+    counts = seen["facts"][1].class_counts
+    assert sum(counts) == run.clients[1].num_train == seen["facts"][1].num_train
+    # Only a common start (client 0's model or head) travels in set-up, and only from client 0.
+    assert all(not u for i, u in seen["uploads"].items() if i > 0)
+    if seen["uploads"][0]:
+        assert cls.start_from is not None
+        assert all(k.startswith("model.") for k in seen["uploads"][0])
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
