@@ -142,10 +142,10 @@ def diversity_loss(noise: Tensor, feats: Tensor) -> Tensor:
 @dataclass
 class FedGenState:
     generator: FeatureGenerator  # the server's, loaded from each broadcast that carries it
+    norm_sum: Tensor  # this round's sum of real-feature norms (trained generator)
+    norm_count: int = 0
     label_counts: Tensor | None = None  # None: no generator received yet
     feature_norm: Tensor | None = None
-    norm_sum: Tensor | None = None  # this round's real-feature norms (trained generator)
-    norm_count: int = 0
 
 
 @register
@@ -157,7 +157,8 @@ class FedGen(Algorithm):
     start_from = "head"
 
     def init_client(self, client: Client) -> FedGenState:
-        return FedGenState(self._new_generator())  # its weights come with the broadcasts
+        # The generator's weights come with the broadcasts.
+        return FedGenState(self._new_generator(), torch.zeros((), device=client.device))
 
     def setup_upload(self, client: Client) -> Message:
         return super().setup_upload(client) if self.opts.share_head else {}
@@ -203,8 +204,6 @@ class FedGen(Algorithm):
     ) -> Tensor | None:
         state = client.state
         if not self.opts.frozen_generator:  # the real-feature norm, from this forward pass
-            if state.norm_sum is None:
-                state.norm_sum = torch.zeros((), device=feats.device)
             state.norm_sum += feats.detach().float().norm(dim=1).sum()
             state.norm_count += feats.shape[0]
         counts = state.label_counts
@@ -226,8 +225,7 @@ class FedGen(Algorithm):
         if not self.opts.frozen_generator:  # mean real-feature norm of this round's training
             state = client.state
             count, total = state.norm_count, state.norm_sum
-            total = torch.zeros(()) if total is None else total
-            state.norm_sum, state.norm_count = None, 0
+            state.norm_sum, state.norm_count = torch.zeros_like(total), 0
             out["feature_norm"] = total.cpu() / max(count, 1)
             out["norm_count"] = torch.tensor(float(count))
         return out

@@ -62,7 +62,7 @@ from fedtsp.algorithms.shared_model import (
     clip_each,
     distill_kl,
     load_shared_weights,
-    seeded,
+    nth_draw,
     set_training,
     shared_weights,
     upload_with_count,
@@ -174,9 +174,8 @@ class FedKD(Algorithm):
     def init_client(self, client: Client) -> FedKDState:
         mentee = build_shared_model(self.ctx, self.opts.shared_arch, client.facts())
         d = self.ctx.feature_dim
-        with seeded(self.ctx, tag=0xFED6D):  # client i's W_h: the i-th draw of one stream
-            for _ in range(client.index + 1):
-                hidden_proj = nn.Linear(d, d, bias=False)
+        # Client i's W_h: the i-th draw of one seeded stream.
+        hidden_proj = nth_draw(self.ctx, 0xFED6D, client.index, lambda: nn.Linear(d, d, bias=False))
         return FedKDState(mentee, hidden_proj.to(self.ctx.device), shared_weights(mentee))
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:

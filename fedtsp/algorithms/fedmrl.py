@@ -56,7 +56,7 @@ from fedtsp.algorithms.shared_model import (
     client_weights,
     clip_each,
     load_shared_weights,
-    seeded,
+    nth_draw,
     set_training,
     shared_weights,
     upload_with_count,
@@ -133,11 +133,9 @@ class FedMRL(Algorithm):
         self._check_width()
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
         shared = build_shared_model(self.ctx, self.opts.shared_arch, client.facts(), sub)
-        draws = client.index + 1 if self.opts.projector_init == "independent" else 1
-        with seeded(self.ctx, tag=0x9207):  # independent: client i's is the i-th draw
-            for _ in range(draws):
-                proj = nn.Linear(sub + d, d)
-        proj = proj.to(self.ctx.device)
+        # shared: every client's projector is the stream's first draw; independent: its own.
+        n = client.index if self.opts.projector_init == "independent" else 0
+        proj = nth_draw(self.ctx, 0x9207, n, lambda: nn.Linear(sub + d, d)).to(self.ctx.device)
         reset = copy.deepcopy(proj.state_dict()) if self.opts.projector == "reset" else None
         return FedMRLState(shared, proj, reset)
 

@@ -20,8 +20,8 @@ so it has exactly the structure of a client model.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fedtsp.algorithms.base import Message, RunContext
     from fedtsp.clients import Client, ClientFacts
 
+T = TypeVar("T")
 FAMILY_FIRST = "first"
 KL_REDUCTIONS = ("batchmean", "mean")
 SAMPLES_KEY = "num_samples"
@@ -63,6 +64,15 @@ def seeded(ctx: RunContext, tag: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
+
+
+def nth_draw(ctx: RunContext, tag: int, n: int, make: Callable[[], T]) -> T:
+    """The ``n``-th (from 0) of the objects ``make()`` draws one after another under
+    ``seeded(ctx, tag)``: client n's share of one seeded stream, built by that client alone."""
+    with seeded(ctx, tag):
+        for _ in range(n + 1):
+            made = make()
+    return made
 
 
 def build_shared_model(
