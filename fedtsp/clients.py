@@ -26,13 +26,6 @@ from fedtsp.models.families import ClientModel
 PROTOTYPE_SOURCES = ("pass", "training")
 
 
-def check_prototype_source(source: str, name: str = "prototype_source") -> None:
-    if source not in PROTOTYPE_SOURCES:
-        raise ValueError(
-            f"{name}={source!r} is invalid; choose one of {', '.join(PROTOTYPE_SOURCES)}"
-        )
-
-
 class NonFiniteLossError(FloatingPointError):
     """Local training produced a NaN or infinite loss."""
 

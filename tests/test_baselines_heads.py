@@ -10,6 +10,7 @@ from conftest import assert_uploads_training_means, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
+from fedtsp.algorithms.model_messages import message_head
 from fedtsp.config import ConfigError
 from fedtsp.results import RunStore
 from fedtsp.simulation import prepare, run_experiment
@@ -140,7 +141,7 @@ def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
     with torch.no_grad():
         feats = [c.model.features(x) for c in clients]
     assert not torch.allclose(feats[0], feats[1])
-    assert torch.equal(algo.artifacts()["global_head"], broadcast["head_weight"])
+    assert torch.equal(algo.artifacts()["global_head"], message_head(broadcast)[0])
 
 
 def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled():

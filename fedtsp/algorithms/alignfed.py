@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import fedavg, normalized_weights
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.model_messages import message_head
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 
 CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
@@ -52,34 +53,19 @@ CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
 
 @dataclass
 class AlignFedOptions:
-    lam_start: float = option(20.0, "anchor-loss weight lambda(0)")
-    lam_end: float = option(2.0, "anchor-loss weight reached after all rounds (geometric decay)")
-    temperature: float = option(1.0, "temperature of the client's cosine-to-anchor softmax")
-    anchor_iters: int = option(100_000, "SGD steps that spread the anchors on the sphere")
-    anchor_lr: float = option(0.1, "learning rate of the anchor construction")
-    anchor_tau: float = option(0.5, "temperature of the anchors' uniformity loss")
-    client_loss: str = option(
-        "anchor_softmax", "anchor_softmax (authors' code) or sample_softmax (per-sample CE)"
+    lam_start: float = option(20.0, "anchor-loss weight lambda(0)", "> 0")
+    lam_end: float = option(
+        2.0, "anchor-loss weight reached after all rounds (geometric decay)", "> 0"
     )
-
-    def validate(self) -> None:
-        if not self.lam_start > 0 or not self.lam_end > 0:
-            raise ValueError(
-                f"lam_start={self.lam_start}, lam_end={self.lam_end} are invalid; both must be > 0"
-            )
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is invalid; must be > 0")
-        if self.anchor_iters < 0:
-            raise ValueError(f"anchor_iters={self.anchor_iters} is invalid; must be >= 0")
-        if not self.anchor_lr > 0:
-            raise ValueError(f"anchor_lr={self.anchor_lr} is invalid; must be > 0")
-        if not self.anchor_tau > 0:
-            raise ValueError(f"anchor_tau={self.anchor_tau} is invalid; must be > 0")
-        if self.client_loss not in CLIENT_LOSSES:
-            raise ValueError(
-                f"client_loss={self.client_loss!r} is invalid; choose one of "
-                f"{', '.join(CLIENT_LOSSES)}"
-            )
+    temperature: float = option(1.0, "temperature of the client's cosine-to-anchor softmax", "> 0")
+    anchor_iters: int = option(100_000, "SGD steps that spread the anchors on the sphere", ">= 0")
+    anchor_lr: float = option(0.1, "learning rate of the anchor construction", "> 0")
+    anchor_tau: float = option(0.5, "temperature of the anchors' uniformity loss", "> 0")
+    client_loss: str = option(
+        "anchor_softmax",
+        "anchor_softmax (authors' code) or sample_softmax (per-sample CE)",
+        choices=CLIENT_LOSSES,
+    )
 
 
 def uniform_anchors(num_classes: int, dim: int, iters: int, lr: float, tau: float) -> Tensor:

@@ -30,8 +30,6 @@ checkpointed and moved to another process.
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,8 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.model_messages import head_message, model_message
+from fedtsp.algorithms.options import build_options, describe_options
 from fedtsp.clients import Client, ClientFacts
-from fedtsp.config import ConfigError
 
 Message = dict[str, Tensor]
 
@@ -112,6 +110,8 @@ class Algorithm:
     # The server's common start, if any: client 0's initial "model" or "head", which client 0
     # sends in set-up (as a Flower server asks one client for its initial parameters).
     start_from: ClassVar[str | None] = None
+    # The server attributes a checkpoint keeps (set in ``setup``, changed by the server hooks).
+    server_state: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def key_revision(cls, algo_options: dict[str, Any]) -> int:
@@ -219,10 +219,20 @@ class Algorithm:
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {}
+        """The server attributes named in ``server_state`` (modules as their state dicts)."""
+        saved = {name: getattr(self, name) for name in self.server_state}
+        return {
+            k: v.state_dict() if isinstance(v, torch.nn.Module) else v for k, v in saved.items()
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
+        """Restore ``state_dict()`` onto a server that ran ``setup`` (modules in place)."""
+        for name in self.server_state:
+            current = getattr(self, name, None)
+            if isinstance(current, torch.nn.Module):
+                current.load_state_dict(state[name])
+            else:
+                setattr(self, name, state[name])
 
 
 # ---- registry -------------------------------------------------------------------------
@@ -249,66 +259,11 @@ def get_algorithm(name: str) -> type[Algorithm]:
         ) from None
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Turn CLI strings into the option's declared type (bool, int, float, str, optional)."""
-    args = typing.get_args(annotation)
-    if type(None) in args:
-        if value is None or (isinstance(value, str) and value.lower() == "none"):
-            return None
-        annotation = next(a for a in args if a is not type(None))
-    if isinstance(value, str) and annotation is not str:
-        if annotation is bool:
-            low = value.lower()
-            if low in ("1", "true", "yes", "on"):
-                return True
-            if low in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(f"{where}={value!r} is invalid; expected true or false")
-        try:
-            return annotation(value)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{where}={value!r} is invalid; expected a {annotation.__name__}"
-            ) from None
-    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    return value
-
-
 def resolve_options(name: str, values: dict[str, Any]) -> Any:
-    """Build the algorithm's Options from a dict, rejecting unknown keys and bad types."""
-
-    cls = get_algorithm(name)
-    fields = {f.name: f for f in dataclasses.fields(cls.Options)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        allowed = ", ".join(sorted(fields)) or "none"
-        raise ConfigError(
-            f"algorithm {name!r} has no option(s) {', '.join(unknown)}; its options: {allowed}"
-        )
-    hints = typing.get_type_hints(cls.Options)
-    try:
-        coerced = {k: _coerce(v, hints[k], k) for k, v in values.items()}
-        options = cls.Options(**coerced)
-    except ValueError as exc:
-        raise ConfigError(f"algorithm {name!r}: {exc}") from None
-    check = getattr(options, "validate", None)
-    if check is not None:
-        try:
-            check()
-        except ValueError as exc:
-            raise ConfigError(f"algorithm {name!r}: {exc}") from None
-    return options
+    """The algorithm's Options from a dict (see `fedtsp.algorithms.options`); ConfigError."""
+    return build_options(get_algorithm(name).Options, name, values)
 
 
 def options_help(name: str) -> list[tuple[str, Any, str]]:
     """(option, default, help) for each option of an algorithm, for --help and the docs."""
-    cls = get_algorithm(name)
-    return [
-        (f.name, f.default, f.metadata.get("help", "")) for f in dataclasses.fields(cls.Options)
-    ]
-
-
-def option(default: Any, help: str) -> Any:
-    """A documented option field: ``lam: float = option(1.0, "weight of ...")``."""
-    return dataclasses.field(default=default, metadata={"help": help})
+    return describe_options(get_algorithm(name).Options)

@@ -22,9 +22,10 @@ import torch
 import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import Message, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
+from fedtsp.algorithms.options import option
 from fedtsp.clients import ClientFacts
 
 CRITERIA = ("relative", "absolute")
@@ -32,27 +33,18 @@ CRITERIA = ("relative", "absolute")
 
 @dataclass
 class CFLOptions:
-    criterion: str = option("relative", "split rule: relative (stall ratio) or absolute (paper)")
-    stall_ratio: float = option(0.5, "relative: split when ||mean dW|| / mean ||dW_i|| < this")
-    eps1: float = option(0.4, "absolute (paper): ||mean dW|| < eps1 ...")
-    eps2: float = option(1.6, "... and max ||dW_i|| > eps2")
-    warmup_rounds: int = option(5, "rounds before the first split")
-    cooldown_rounds: int = option(3, "rounds between two splits of one lineage")
-    min_cluster_size: int = option(2, "clients on each side of a split, at least")
-    max_clusters: int = option(10, "no split beyond this many clusters")
-
-    def validate(self) -> None:
-        if self.criterion not in CRITERIA:
-            raise ValueError(
-                f"criterion={self.criterion!r} is invalid; choose relative or absolute"
-            )
-        if not 0 < self.stall_ratio <= 1:
-            raise ValueError(f"stall_ratio={self.stall_ratio} is invalid; must be in (0, 1]")
-        if not (self.eps1 > 0 and self.eps2 > 0):
-            raise ValueError(f"eps1={self.eps1}, eps2={self.eps2} are invalid; both must be > 0")
-        for name in ("warmup_rounds", "cooldown_rounds", "min_cluster_size", "max_clusters"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; must be >= 1")
+    criterion: str = option(
+        "relative", "split rule: relative (stall ratio) or absolute (paper)", choices=CRITERIA
+    )
+    stall_ratio: float = option(
+        0.5, "relative: split when ||mean dW|| / mean ||dW_i|| < this", "(0, 1]"
+    )
+    eps1: float = option(0.4, "absolute (paper): ||mean dW|| < eps1 ...", "> 0")
+    eps2: float = option(1.6, "... and max ||dW_i|| > eps2", "> 0")
+    warmup_rounds: int = option(5, "rounds before the first split", ">= 1")
+    cooldown_rounds: int = option(3, "rounds between two splits of one lineage", ">= 1")
+    min_cluster_size: int = option(2, "clients on each side of a split, at least", ">= 1")
+    max_clusters: int = option(10, "no split beyond this many clusters", ">= 1")
 
 
 def cfl_bipartition(updates: torch.Tensor) -> np.ndarray:

@@ -30,13 +30,14 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 from fedtsp.clustering.oneshot import ClusteringOptions, canonical_labels
 
@@ -126,13 +127,9 @@ class ClusteredFedAvg(Algorithm):
 
 @dataclass
 class FixedClustersOptions:
-    clusters: str = option("one", "one (FedAvg), each (Local) or truth (the planted groups)")
-
-    def validate(self) -> None:
-        if self.clusters not in FIXED_CLUSTERS:
-            raise ValueError(
-                f"clusters={self.clusters!r} is invalid; choose one of {', '.join(FIXED_CLUSTERS)}"
-            )
+    clusters: str = option(
+        "one", "one (FedAvg), each (Local) or truth (the planted groups)", choices=FIXED_CLUSTERS
+    )
 
 
 @register

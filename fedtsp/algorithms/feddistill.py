@@ -29,36 +29,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
-from fedtsp.clients import Client, check_prototype_source
-
-DISTILL_LOSSES = ("mse", "soft_ce")
+from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.options import option
+from fedtsp.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 
 
 @dataclass
 class FedDistillOptions:
-    lam: float = option(1.0, "weight of the distillation towards the global class logits")
+    lam: float = option(1.0, "weight of the distillation towards the global class logits", ">= 0")
     weighting: str = option(
-        "uniform", "per-class logit average: uniform (authors' code) or samples (class counts)"
+        "uniform",
+        "per-class logit average: uniform (authors' code) or samples (class counts)",
+        choices=WEIGHTINGS,
     )
     distill_loss: str = option(
-        "soft_ce", "soft_ce (CE to softmax of the global logits, authors' code) or mse"
+        "soft_ce",
+        "soft_ce (CE to softmax of the global logits, authors' code) or mse",
+        choices=("mse", "soft_ce"),
     )
     logit_source: str = option(
-        "training", "class logits: training (forward passes, authors' code) or pass"
+        "training",
+        "class logits: training (forward passes, authors' code) or pass",
+        choices=PROTOTYPE_SOURCES,
     )
-
-    def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        check_weighting(self.weighting)
-        check_prototype_source(self.logit_source, "logit_source")
-        if self.distill_loss not in DISTILL_LOSSES:
-            raise ValueError(
-                f"distill_loss={self.distill_loss!r} is invalid; choose one of "
-                f"{', '.join(DISTILL_LOSSES)}"
-            )
 
 
 @register
@@ -67,6 +61,10 @@ class FedDistill(Algorithm):
     Options = FedDistillOptions
     State = ClassTargets
     revision = 2
+    server_state = ("global_logits",)
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        self.global_logits: Tensor | None = None
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
@@ -100,15 +98,8 @@ class FedDistill(Algorithm):
         client.state.take(broadcast, "logits", "present", client.device)
 
     def artifacts(self) -> dict[str, Tensor]:
-        logits = getattr(self, "global_logits", None)
+        logits = self.global_logits
         return {} if logits is None else {"global_logits": logits}
-
-    def state_dict(self) -> dict:
-        return {"global_logits": getattr(self, "global_logits", None)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("global_logits") is not None:
-            self.global_logits = state["global_logits"]
 
 
 @torch.inference_mode()

@@ -35,23 +35,22 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import ClassTargets, Message, option, register
+from fedtsp.algorithms.base import ClassTargets, Message, register
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.model_messages import average_model_messages
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
 class FedFAOptions:
-    lam: float = option(0.1, "weight of the anchor loss (class-wise mean ||f(x) - a_y||^2 / C)")
-    anchor_momentum: float = option(0.5, "server momentum of the class feature anchors, in [0, 1)")
+    lam: float = option(
+        0.1, "weight of the anchor loss (class-wise mean ||f(x) - a_y||^2 / C)", ">= 0"
+    )
+    anchor_momentum: float = option(
+        0.5, "server momentum of the class feature anchors, in [0, 1)", "[0, 1)"
+    )
     calibrate: bool = option(True, "train the head on the anchors (classifier calibration)")
-
-    def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        if not 0 <= self.anchor_momentum < 1:
-            raise ValueError(f"anchor_momentum={self.anchor_momentum} is invalid; use [0, 1)")
 
 
 @register

@@ -47,55 +47,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.algorithms.lgfedavg import average_heads, load_head
-from fedtsp.algorithms.model_messages import message_head
+from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.model_messages import average_heads, load_head, message_head
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 
-ENSEMBLE_WEIGHTINGS = ("class_counts", "client_size")
-NOISES = ("gaussian", "uniform")
 _GEN = "gen."  # prefix of the generator's tensors in a broadcast
 _PROTO_SAMPLES = 64  # generated samples per class for the class-mean artifact
 
 
 @dataclass
 class FedGenOptions:
-    noise_dim: int = option(32, "width of the generator's noise input z")
-    hidden_dim: int = option(512, "width of the generator's hidden layer")
-    generator_lr: float = option(0.1, "Adam learning rate of the server's generator")
-    server_epochs: int = option(100, "generator training steps per round")
-    server_batch: int = option(100, "generated samples per generator training step")
-    gen_weight: float = option(1.0, "weight of the clients' CE on generated features")
+    noise_dim: int = option(32, "width of the generator's noise input z", ">= 1")
+    hidden_dim: int = option(512, "width of the generator's hidden layer", ">= 1")
+    generator_lr: float = option(0.1, "Adam learning rate of the server's generator", "> 0")
+    server_epochs: int = option(100, "generator training steps per round", ">= 0")
+    # >= 2: the generator's batch norm needs two samples.
+    server_batch: int = option(100, "generated samples per generator training step", ">= 2")
+    gen_weight: float = option(1.0, "weight of the clients' CE on generated features", ">= 0")
     share_head: bool = option(True, "average the heads too, as HtFLlib's FedGen does")
     ensemble_weighting: str = option(
-        "class_counts", "trained generator's head ensemble: class_counts (paper) or client_size"
+        "class_counts",
+        "trained generator's head ensemble: class_counts (paper) or client_size",
+        choices=("class_counts", "client_size"),
     )
-    noise: str = option("uniform", "generator noise: uniform (authors' code) or gaussian (paper)")
-    diversity_weight: float = option(0.0, "weight of FedGen's diversity term (HtFLlib: 0)")
+    noise: str = option(
+        "uniform",
+        "generator noise: uniform (authors' code) or gaussian (paper)",
+        choices=("gaussian", "uniform"),
+    )
+    diversity_weight: float = option(0.0, "weight of FedGen's diversity term (HtFLlib: 0)", ">= 0")
     frozen_generator: bool = option(
         True, "keep the random initial generator, as the authors' runs did; false: train it"
     )
-
-    def validate(self) -> None:
-        for name in ("noise_dim", "hidden_dim", "server_batch"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; must be >= 1")
-        if self.server_batch < 2:
-            raise ValueError(f"server_batch={self.server_batch} is invalid; batch norm needs >= 2")
-        if self.server_epochs < 0:
-            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
-        if not self.generator_lr > 0:
-            raise ValueError(f"generator_lr={self.generator_lr} is invalid; must be > 0")
-        for name in ("gen_weight", "diversity_weight"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name}={getattr(self, name)} is invalid; must be >= 0")
-        if self.ensemble_weighting not in ENSEMBLE_WEIGHTINGS:
-            raise ValueError(
-                f"ensemble_weighting={self.ensemble_weighting!r} is invalid; choose one of "
-                f"{', '.join(ENSEMBLE_WEIGHTINGS)}"
-            )
-        if self.noise not in NOISES:
-            raise ValueError(f"noise={self.noise!r} is invalid; choose one of {', '.join(NOISES)}")
 
 
 class FeatureGenerator(nn.Module):
@@ -155,6 +139,14 @@ class FedGen(Algorithm):
     State = FedGenState
     revision = 2
     start_from = "head"
+    server_state = (
+        "generator",
+        "global_head",
+        "label_counts",
+        "feature_norm",
+        "global_protos",
+        "last",
+    )
 
     def init_client(self, client: Client) -> FedGenState:
         # The generator's weights come with the broadcasts.
@@ -314,21 +306,3 @@ class FedGen(Algorithm):
         if self.global_head is not None:
             out["global_head"] = self.global_head["weight"]
         return out
-
-    def state_dict(self) -> dict:
-        return {
-            "generator": self.generator.state_dict(),
-            "global_head": self.global_head,
-            "label_counts": self.label_counts,
-            "feature_norm": self.feature_norm,
-            "global_protos": self.global_protos,
-            "last": self.last,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.load_state_dict(state["generator"])
-        self.global_head = state["global_head"]
-        self.label_counts = state["label_counts"]
-        self.feature_norm = state["feature_norm"]
-        self.global_protos = state["global_protos"]
-        self.last = state["last"]

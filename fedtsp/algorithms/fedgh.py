@@ -26,26 +26,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.aggregation import unweighted_class_means
-from fedtsp.algorithms.base import Algorithm, Message, option, register
-from fedtsp.algorithms.model_messages import message_head
+from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.model_messages import load_head, message_head
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
 class FedGHOptions:
-    server_lr: float = option(0.01, "SGD learning rate of the global head")
+    server_lr: float = option(0.01, "SGD learning rate of the global head", "> 0")
     server_epochs: int = option(
-        100, "server epochs over the uploaded (prototype, class) pairs (HtFLlib -se)"
+        100, "server epochs over the uploaded (prototype, class) pairs (HtFLlib -se)", ">= 1"
     )
-    server_batch: int = option(100, "server mini-batch of uploaded prototypes")
-
-    def validate(self) -> None:
-        if not self.server_lr > 0:
-            raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
-        if self.server_epochs < 1:
-            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 1")
-        if self.server_batch < 1:
-            raise ValueError(f"server_batch={self.server_batch} is invalid; must be >= 1")
+    server_batch: int = option(100, "server mini-batch of uploaded prototypes", ">= 1")
 
 
 @register
@@ -54,6 +47,7 @@ class FedGH(Algorithm):
     Options = FedGHOptions
     revision = 1
     start_from = "head"
+    server_state = ("head", "class_means")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         weight, bias = message_head(uploads[0])
@@ -73,10 +67,7 @@ class FedGH(Algorithm):
         return {"protos": means[present], "present": present}
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        head = client.model.head
-        with torch.no_grad():  # in place: the client's optimiser holds these parameters
-            head.weight.copy_(broadcast["head.weight"])
-            head.bias.copy_(broadcast["head.bias"])
+        load_head(client, broadcast["head.weight"], broadcast["head.bias"])
 
     # ---- server side ----------------------------------------------------------------
     @torch.no_grad()
@@ -121,10 +112,3 @@ class FedGH(Algorithm):
         if self.class_means is not None:
             out["global_prototypes"] = self.class_means
         return out
-
-    def state_dict(self) -> dict:
-        return {"head": self.head.state_dict(), "class_means": self.class_means}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.head.load_state_dict(state["head"])
-        self.class_means = state["class_means"]

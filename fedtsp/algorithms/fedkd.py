@@ -49,22 +49,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import check_weighting, fedavg
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.aggregation import fedavg
+from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
+from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
-    SAMPLES_KEY,
-    build_shared_model,
-    check_grad_clip,
-    check_kl_reduction,
-    check_shared_arch,
-    class_mean_features,
+    KL_REDUCTIONS,
+    SharedModelMethod,
+    SharedModelOptions,
     client_weights,
-    clip_each,
     distill_kl,
-    load_shared_weights,
     nth_draw,
     set_training,
-    shared_weights,
     upload_with_count,
 )
 from fedtsp.clients import Client, ClientFacts
@@ -126,35 +122,20 @@ def message_bytes(message: Message) -> int:
 
 # ---- the method --------------------------------------------------------------------------
 @dataclass
-class FedKDOptions:
-    mentee_lr: float = option(0.01, "SGD learning rate of the mentee (the shared model)")
-    energy_start: float = option(0.95, "SVD energy threshold T_start, used in round 0")
-    energy_end: float = option(0.95, "SVD energy threshold T_end, approached linearly over rounds")
+class FedKDOptions(SharedModelOptions):
+    mentee_lr: float = option(0.01, "SGD learning rate of the mentee (the shared model)", "> 0")
+    energy_start: float = option(0.95, "SVD energy threshold T_start, used in round 0", "(0, 1]")
+    energy_end: float = option(
+        0.95, "SVD energy threshold T_end, approached linearly over rounds", "(0, 1]"
+    )
     compress: bool = option(
         False, "SVD-compress the mentee updates (paper); off: dense, as in the authors' fork"
     )
     kl_reduction: str = option(
-        "mean", "KL also per class (mean, authors' code) or per sample (batchmean, paper)"
+        "mean",
+        "KL also per class (mean, authors' code) or per sample (batchmean, paper)",
+        choices=KL_REDUCTIONS,
     )
-    weighting: str = option("uniform", "mentee-update average: uniform (authors' code) or samples")
-    grad_clip: float | None = option(
-        10.0, "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)"
-    )
-    shared_arch: str = option(
-        "first", "mentee: first (the family's first architecture, authors' code) or a name"
-    )
-
-    def validate(self) -> None:
-        if not self.mentee_lr > 0:
-            raise ValueError(f"mentee_lr={self.mentee_lr} is invalid; must be > 0")
-        for name in ("energy_start", "energy_end"):
-            value = getattr(self, name)
-            if not 0 < value <= 1:
-                raise ValueError(f"{name}={value} is invalid; must be in (0, 1]")
-        check_kl_reduction(self.kl_reduction)
-        check_weighting(self.weighting)
-        check_shared_arch(self.shared_arch)
-        check_grad_clip(self.grad_clip)
 
 
 @dataclass
@@ -165,22 +146,22 @@ class FedKDState:
 
 
 @register
-class FedKD(Algorithm):
+class FedKD(SharedModelMethod):
     name = "fedkd"
     Options = FedKDOptions
     State = FedKDState
     revision = 1
+    server_state = ("last_metrics",)
 
     def init_client(self, client: Client) -> FedKDState:
-        mentee = build_shared_model(self.ctx, self.opts.shared_arch, client.facts())
+        mentee = self.new_shared_model(client.facts())
         d = self.ctx.feature_dim
         # Client i's W_h: the i-th draw of one seeded stream.
         hidden_proj = nth_draw(self.ctx, 0xFED6D, client.index, lambda: nn.Linear(d, d, bias=False))
         return FedKDState(mentee, hidden_proj.to(self.ctx.device), shared_weights(mentee))
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        # Every mentee starts identical (built under one seed); nothing to send.
-        initial = shared_weights(build_shared_model(self.ctx, self.opts.shared_arch, facts[0]))
+        initial = shared_weights(self.new_shared_model(facts[0]))
         self.shapes = {name: t.shape for name, t in initial.items()}
         self.dense_bytes = sum(t.numel() * t.element_size() for t in initial.values())
         self.last_metrics: dict[str, float] = {}
@@ -216,9 +197,8 @@ class FedKD(Algorithm):
         hidden = F.mse_loss(projected, mentor_feats.float())
         return ce_mentor + ce_mentee + weight * (kl + hidden)
 
-    def before_step(self, client: Client) -> None:
-        state = client.state
-        clip_each([client.model, state.shared, state.hidden_proj], self.opts.grad_clip)
+    def clipped_modules(self, client: Client) -> list[nn.Module]:
+        return [*super().clipped_modules(client), client.state.hidden_proj]
 
     def _energy_or_none(self, round_index: int) -> float | None:
         return self.energy(round_index) if self.opts.compress else None
@@ -251,12 +231,3 @@ class FedKD(Algorithm):
 
     def round_metrics(self) -> dict[str, float]:
         return dict(self.last_metrics)
-
-    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
-        return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}
-
-    def state_dict(self) -> dict:
-        return {"last_metrics": self.last_metrics}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.last_metrics = state["last_metrics"]

@@ -47,64 +47,38 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import check_weighting, fedavg
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
-    build_shared_model,
-    check_grad_clip,
-    check_shared_arch,
-    client_weights,
-    clip_each,
-    load_shared_weights,
+    SharedModelMethod,
+    SharedModelOptions,
     nth_draw,
     set_training,
-    shared_weights,
-    upload_with_count,
 )
 from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import ClientModel
 
-PROJECTORS = ("reset", "kept")
-PROJECTOR_INITS = ("shared", "independent")
-
 
 @dataclass
-class FedMRLOptions:
+class FedMRLOptions(SharedModelOptions):
     sub_dim: int = option(
-        128, "width of the shared representation and of the coarse Matryoshka representation"
-    )
-    weighting: str = option("uniform", "shared-model average: uniform (authors' code) or samples")
-    shared_arch: str = option(
-        "first", "shared model: first (the family's first architecture, authors' code) or a name"
-    )
-    grad_clip: float | None = option(
-        10.0, "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)"
+        128,
+        "width of the shared representation and of the coarse Matryoshka representation",
+        ">= 1",
     )
     projector: str = option(
-        "reset", "reset (initial projector every round, authors' code) or kept (paper)"
+        "reset",
+        "reset (initial projector every round, authors' code) or kept (paper)",
+        choices=("reset", "kept"),
     )
     test_batch_stats: bool = option(
         True, "shared model's batch norm on test-batch statistics (authors' code); false: eval"
     )
     projector_init: str = option(
-        "shared", "projectors from one draw (shared, authors' code) or a draw each (independent)"
+        "shared",
+        "projectors from one draw (shared, authors' code) or a draw each (independent)",
+        choices=("shared", "independent"),
     )
-
-    def validate(self) -> None:
-        if isinstance(self.sub_dim, bool) or not isinstance(self.sub_dim, int) or self.sub_dim < 1:
-            raise ValueError(f"sub_dim={self.sub_dim!r} is invalid; must be a positive integer")
-        check_weighting(self.weighting)
-        check_shared_arch(self.shared_arch)
-        check_grad_clip(self.grad_clip)
-        if self.projector not in PROJECTORS:
-            raise ValueError(
-                f"projector={self.projector!r} is invalid; choose one of {', '.join(PROJECTORS)}"
-            )
-        if self.projector_init not in PROJECTOR_INITS:
-            raise ValueError(
-                f"projector_init={self.projector_init!r} is invalid; choose one of "
-                f"{', '.join(PROJECTOR_INITS)}"
-            )
 
 
 @dataclass
@@ -115,7 +89,7 @@ class FedMRLState:
 
 
 @register
-class FedMRL(Algorithm):
+class FedMRL(SharedModelMethod):
     name = "fedmrl"
     Options = FedMRLOptions
     State = FedMRLState
@@ -132,25 +106,23 @@ class FedMRL(Algorithm):
     def init_client(self, client: Client) -> FedMRLState:
         self._check_width()
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
-        shared = build_shared_model(self.ctx, self.opts.shared_arch, client.facts(), sub)
+        shared = self.new_shared_model(client.facts())
         # shared: every client's projector is the stream's first draw; independent: its own.
         n = client.index if self.opts.projector_init == "independent" else 0
         proj = nth_draw(self.ctx, 0x9207, n, lambda: nn.Linear(sub + d, d)).to(self.ctx.device)
         reset = copy.deepcopy(proj.state_dict()) if self.opts.projector == "reset" else None
         return FedMRLState(shared, proj, reset)
 
+    def shared_width(self) -> int:
+        return self.opts.sub_dim
+
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        # Every shared copy starts identical (built under one seed); nothing to send.
         self._check_width()
-        template = build_shared_model(self.ctx, self.opts.shared_arch, facts[0], self.opts.sub_dim)
-        self.keys = list(shared_weights(template))
+        super().setup(facts, uploads)
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
-        return [
-            *client.model.parameters(),
-            *client.state.proj.parameters(),
-            *client.state.shared.parameters(),
-        ]
+        personal, proj = client.model.parameters(), client.state.proj.parameters()
+        return [*personal, *proj, *client.state.shared.parameters()]
 
     def _fused(self, client: Client, x: Tensor) -> Tensor:
         shared_rep = client.state.shared.features(x)  # generalised, sub_dim wide
@@ -165,9 +137,6 @@ class FedMRL(Algorithm):
         fine_logits = client.model.head(fused)
         return F.cross_entropy(coarse_logits, y) + F.cross_entropy(fine_logits, y)
 
-    def before_step(self, client: Client) -> None:
-        clip_each([client.model, client.state.shared], self.opts.grad_clip)
-
     def predict(self, client: Client, x: Tensor) -> Tensor:
         set_training(client.state.shared, self.opts.test_batch_stats)
         return client.model.head(self._fused(client, x))
@@ -177,10 +146,7 @@ class FedMRL(Algorithm):
             with torch.no_grad():  # in place: the client's optimiser holds these parameters
                 for name, value in client.state.proj.state_dict().items():
                     value.copy_(client.state.proj_init[name])
-        return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
+        return super().upload(client)
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        return fedavg(uploads, client_weights(uploads, self.opts.weighting), self.keys)
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_shared_weights(client.state.shared, broadcast)
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
+        return {}  # no global class representation (see the module docstring)

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import ClassTargets, Message, option, register
+from fedtsp.algorithms.base import ClassTargets, Message, register
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.fedbabu import HEAD_PREFIX
-from fedtsp.algorithms.lgfedavg import load_head
-from fedtsp.algorithms.model_messages import average_model_messages
+from fedtsp.algorithms.model_messages import average_model_messages, load_head
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client
 
 WEIGHT_FLOOR = 1e-3
@@ -44,11 +44,7 @@ WEIGHT_FLOOR = 1e-3
 
 @dataclass
 class FedPACOptions:
-    lam: float = option(1.0, "weight of the feature alignment ||f(x) - P_y||^2")
-
-    def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
+    lam: float = option(1.0, "weight of the feature alignment ||f(x) - P_y||^2", ">= 0")
 
 
 def project_to_simplex(v: Tensor) -> Tensor:

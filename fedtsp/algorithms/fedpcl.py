@@ -24,21 +24,19 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import check_weighting
-from fedtsp.algorithms.base import ClassTargets, Message, option, register
+from fedtsp.aggregation import WEIGHTINGS
+from fedtsp.algorithms.base import ClassTargets, Message, register
 from fedtsp.algorithms.fedproto import FedProto
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client
 
 
 @dataclass
 class FedPCLOptions:
-    tau: float = option(0.07, "temperature of the prototype-wise contrastive loss")
-    weighting: str = option("samples", "prototype average: samples (paper) or uniform")
-
-    def validate(self) -> None:
-        if not self.tau > 0:
-            raise ValueError(f"tau={self.tau} is invalid; must be > 0")
-        check_weighting(self.weighting)
+    tau: float = option(0.07, "temperature of the prototype-wise contrastive loss", "> 0")
+    weighting: str = option(
+        "samples", "prototype average: samples (paper) or uniform", choices=WEIGHTINGS
+    )
 
 
 def prototype_logits(feats: Tensor, protos: Tensor, present: Tensor, tau: float) -> Tensor:

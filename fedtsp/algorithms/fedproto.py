@@ -24,31 +24,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
-from fedtsp.clients import Client, check_prototype_source
+from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.options import option
+from fedtsp.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 
-
-def check_eval_mode(mode: str) -> None:
-    if mode not in ("head", "prototype"):
-        raise ValueError(f"eval_mode={mode!r} is invalid; choose head or prototype")
+EVAL_MODES = ("head", "prototype")
 
 
 @dataclass
 class FedProtoOptions:
-    lam: float = option(1.0, "weight of the MSE pull towards the global prototype")
-    weighting: str = option("uniform", "prototype average: uniform (authors' code) or samples")
-    eval_mode: str = option("head", "head (authors' code) or prototype (nearest, HtFLlib)")
-    prototype_source: str = option(
-        "training", "client prototypes: training (forward passes, authors' code) or pass"
+    lam: float = option(1.0, "weight of the MSE pull towards the global prototype", ">= 0")
+    weighting: str = option(
+        "uniform", "prototype average: uniform (authors' code) or samples", choices=WEIGHTINGS
     )
-
-    def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        check_weighting(self.weighting)
-        check_prototype_source(self.prototype_source)
-        check_eval_mode(self.eval_mode)
+    eval_mode: str = option(
+        "head", "head (authors' code) or prototype (nearest, HtFLlib)", choices=EVAL_MODES
+    )
+    prototype_source: str = option(
+        "training",
+        "client prototypes: training (forward passes, authors' code) or pass",
+        choices=PROTOTYPE_SOURCES,
+    )
 
 
 def nearest_prototype_logits(
@@ -65,6 +62,10 @@ class FedProto(Algorithm):
     Options = FedProtoOptions
     State = ClassTargets
     revision = 2
+    server_state = ("global_protos",)
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        self.global_protos: Tensor | None = None
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
@@ -99,12 +100,5 @@ class FedProto(Algorithm):
         client.state.take(broadcast, "protos", "present", client.device)
 
     def artifacts(self) -> dict[str, Tensor]:
-        protos = getattr(self, "global_protos", None)
+        protos = self.global_protos
         return {} if protos is None else {"global_prototypes": protos}
-
-    def state_dict(self) -> dict:
-        return {"global_protos": getattr(self, "global_protos", None)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state.get("global_protos") is not None:
-            self.global_protos = state["global_protos"]

@@ -26,32 +26,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.aggregation import unweighted_class_means
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
-from fedtsp.algorithms.fedproto import check_eval_mode, nearest_prototype_logits
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.fedproto import EVAL_MODES, nearest_prototype_logits
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass
 class FedTGPOptions:
-    lam: float = option(1.0, "weight of the MSE pull towards the trained global prototype")
-    server_epochs: int = option(100, "server epochs over the uploaded prototypes per round")
-    server_batch: int = option(100, "server mini-batch of uploaded prototypes")
-    server_lr: float = option(0.01, "SGD learning rate of the trainable prototypes")
-    margin_cap: float = option(100.0, "upper bound of the adaptive margin")
-    eval_mode: str = option("head", "head (authors' code) or prototype (nearest, HtFLlib)")
-
-    def validate(self) -> None:
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        if self.server_epochs < 1:
-            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 1")
-        if self.server_batch < 1:
-            raise ValueError(f"server_batch={self.server_batch} is invalid; must be >= 1")
-        if not self.server_lr > 0:
-            raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
-        if self.margin_cap < 0:
-            raise ValueError(f"margin_cap={self.margin_cap} is invalid; must be >= 0")
-        check_eval_mode(self.eval_mode)
+    lam: float = option(1.0, "weight of the MSE pull towards the trained global prototype", ">= 0")
+    server_epochs: int = option(100, "server epochs over the uploaded prototypes per round", ">= 1")
+    server_batch: int = option(100, "server mini-batch of uploaded prototypes", ">= 1")
+    server_lr: float = option(0.01, "SGD learning rate of the trainable prototypes", "> 0")
+    margin_cap: float = option(100.0, "upper bound of the adaptive margin", ">= 0")
+    eval_mode: str = option(
+        "head", "head (authors' code) or prototype (nearest, HtFLlib)", choices=EVAL_MODES
+    )
 
 
 class TrainablePrototypes(nn.Module):
@@ -93,6 +83,7 @@ class FedTGP(Algorithm):
     name = "fedtgp"
     Options = FedTGPOptions
     State = ClassTargets
+    server_state = ("generator", "global_protos", "margin", "loss_first", "loss_last")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
         self.generator = TrainablePrototypes(self.ctx.num_classes, self.ctx.feature_dim).to(
@@ -165,17 +156,3 @@ class FedTGP(Algorithm):
 
     def artifacts(self) -> dict[str, Tensor]:
         return {} if self.global_protos is None else {"global_prototypes": self.global_protos}
-
-    def state_dict(self) -> dict:
-        return {
-            "generator": self.generator.state_dict(),
-            "global_protos": self.global_protos,
-            "margin": self.margin,
-            "losses": (self.loss_first, self.loss_last),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.generator.load_state_dict(state["generator"])
-        self.global_protos = state["global_protos"]
-        self.margin = state["margin"]
-        self.loss_first, self.loss_last = state["losses"]

@@ -42,15 +42,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes, check_weighting
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, option, register
+from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
-from fedtsp.clients import Client, ClientFacts, check_prototype_source
+from fedtsp.algorithms.options import option
+from fedtsp.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 from fedtsp.descriptions import (
     description_set_path,
     handcrafted_prompts,
@@ -68,80 +69,61 @@ _SMALL_LABEL_SETS = ("cifar10", "fmnist")
 
 @dataclass
 class FedTSPOptions:
-    lam: float = option(7.0, "weight of the client-side text-prototype alignment (Eq. 8)")
-    text_encoder: str = option("minilm", "frozen PLM that encodes the prompts")
+    lam: float = option(7.0, "weight of the client-side text-prototype alignment (Eq. 8)", ">= 0")
+    text_encoder: str = option(
+        "minilm", "frozen PLM that encodes the prompts", choices=text_encoder_names
+    )
     prompts: str = option(
-        "manual", "manual ('A photo of a {class}.'), or the committed short / long descriptions"
+        "manual",
+        "manual ('A photo of a {class}.'), or the committed short / long descriptions",
+        choices=PROMPT_VARIANTS,
     )
     description_set: str | None = option(
         None, "description JSON in the authors' schema (path or committed set name) to use instead"
     )
     trainable_prompts: bool = option(True, "tune class-specific context vectors on the server")
     prompt_tokens: int | None = option(
-        None, "context vectors per class m (unset: 1 on CIFAR-10, else 10)"
+        None, "context vectors per class m (unset: 1 on CIFAR-10, else 10)", ">= 1"
     )
     prompt_position: str = option(
-        "replace_first", "replace_first (paper), overwrite_first (authors' code) or after_start"
+        "replace_first",
+        "replace_first (paper), overwrite_first (authors' code) or after_start",
+        choices=PROMPT_POSITIONS,
     )
     server_epochs: int | None = option(
-        None, "server InfoNCE steps E_s (unset: 1 on CIFAR-10, else 20)"
+        None, "server InfoNCE steps E_s (unset: 1 on CIFAR-10, else 20)", ">= 0"
     )
-    server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale")
-    weighting: str = option("samples", "image-prototype average: samples (paper) or uniform (code)")
+    server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale", "> 0")
+    weighting: str = option(
+        "samples", "image-prototype average: samples (paper) or uniform (code)", choices=WEIGHTINGS
+    )
     prototype_source: str = option(
-        "pass", "image prototypes: pass after training (Eq. 5) or training (forward passes, code)"
+        "pass",
+        "image prototypes: pass after training (Eq. 5) or training (forward passes, code)",
+        choices=PROTOTYPE_SOURCES,
     )
     dp_epsilon: float | None = option(
         None, "privacy budget of the client-side DP description upload (unset: no DP)"
     )
     dp_delta: float = option(1e-5, "delta of the DP description upload, in (0, 1)")
     dp_clip: float = option(2.5, "L2 clipping norm C of each uploaded token-embedding sequence")
-    dp_client: int = option(0, "index of the client that uploads the private descriptions")
+    dp_client: int = option(0, "index of the client that uploads the private descriptions", ">= 0")
     dp_noise_std: float | None = option(
-        None, "authors' code variant: std of one fixed Gaussian tensor the server adds (no clip)"
+        None,
+        "authors' code variant: std of one fixed Gaussian tensor the server adds (no clip)",
+        ">= 0",
     )
 
     def validate(self) -> None:
-
-        if self.text_encoder not in text_encoder_names():
-            raise ValueError(
-                f"text_encoder={self.text_encoder!r} is invalid; choose one of "
-                f"{', '.join(text_encoder_names())}"
-            )
-        if self.lam < 0:
-            raise ValueError(f"lam={self.lam} is invalid; must be >= 0")
-        if self.prompt_tokens is not None and self.prompt_tokens < 1:
-            raise ValueError(f"prompt_tokens={self.prompt_tokens} is invalid; must be >= 1")
-        if self.server_epochs is not None and self.server_epochs < 0:
-            raise ValueError(f"server_epochs={self.server_epochs} is invalid; must be >= 0")
-        if not self.server_lr > 0:
-            raise ValueError(f"server_lr={self.server_lr} is invalid; must be > 0")
-
-        if self.prompt_position not in PROMPT_POSITIONS:
-            raise ValueError(
-                f"prompt_position={self.prompt_position!r} is invalid; "
-                f"choose one of {', '.join(PROMPT_POSITIONS)}"
-            )
-        check_weighting(self.weighting)
-        check_prototype_source(self.prototype_source)
-        if self.prompts not in PROMPT_VARIANTS:
-            raise ValueError(
-                f"prompts={self.prompts!r} is invalid; choose one of {', '.join(PROMPT_VARIANTS)}"
-            )
         if self.description_set is not None:
             resolve_description_set(self.description_set)
-
         check_dp_parameters(
             1.0 if self.dp_epsilon is None else self.dp_epsilon, self.dp_delta, self.dp_clip
         )
-        if self.dp_noise_std is not None and not self.dp_noise_std >= 0:
-            raise ValueError(f"dp_noise_std={self.dp_noise_std} is invalid; must be >= 0")
         if self.dp_epsilon is not None and self.dp_noise_std is not None:
             raise ValueError(
                 "dp_epsilon and dp_noise_std are two alternative mechanisms; set only one"
             )
-        if self.dp_client < 0:
-            raise ValueError(f"dp_client={self.dp_client} is invalid; must be a client index")
 
 
 @dataclass

@@ -24,11 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.base import option, register
+from fedtsp.algorithms.base import register
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.fedbabu import FedBABU
 from fedtsp.algorithms.fedfa import FedFA, FedFAOptions
 from fedtsp.algorithms.fedtsp import FedTSP, FedTSPOptions
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client
 
 _FT_TAG = 0xF7
@@ -36,20 +37,11 @@ _FT_TAG = 0xF7
 
 @dataclass
 class FineTuneOptions:
-    ft_epochs: int = option(5, "epochs of head-only fine-tuning before each evaluation (-FT/-Per)")
-    ft_lr: float = option(0.01, "SGD learning rate of the head fine-tuning")
-    ft_batch_size: int = option(100, "batch size of the head fine-tuning")
-
-    def validate(self) -> None:
-        if self.ft_epochs < 0:
-            raise ValueError(f"ft_epochs={self.ft_epochs} is invalid; must be >= 0")
-        if not self.ft_lr > 0:
-            raise ValueError(f"ft_lr={self.ft_lr} is invalid; must be > 0")
-        if self.ft_batch_size < 1:
-            raise ValueError(f"ft_batch_size={self.ft_batch_size} is invalid; must be >= 1")
-        parent = getattr(super(), "validate", None)  # the base method's options, if any
-        if parent is not None:
-            parent()
+    ft_epochs: int = option(
+        5, "epochs of head-only fine-tuning before each evaluation (-FT/-Per)", ">= 0"
+    )
+    ft_lr: float = option(0.01, "SGD learning rate of the head fine-tuning", "> 0")
+    ft_batch_size: int = option(100, "batch size of the head fine-tuning", ">= 1")
 
 
 class HeadFineTuning:

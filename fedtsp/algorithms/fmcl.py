@@ -18,8 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import Message, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client
 from fedtsp.clustering.oneshot import cluster_clients
 from fedtsp.clustering.signatures import (
@@ -40,7 +41,9 @@ from fedtsp.models.image_encoders import (
 
 @dataclass
 class FMCLOptions(ClusteringFields):
-    encoder: str = option("efficientnet-lite0", "the frozen image encoder")
+    encoder: str = option(
+        "efficientnet-lite0", "the frozen image encoder", choices=image_encoder_names
+    )
     # CIFAR's 32x32 images carry no more detail at 224; 96 is ~10x faster on a CPU.
     input_size: int | None = option(96, "resolution before the encoder (none: its own, 224)")
     embed_batch_size: int = option(128, "images per encoder batch")
@@ -62,9 +65,6 @@ class FMCLOptions(ClusteringFields):
         )
 
     def validate(self) -> None:
-        if self.encoder not in image_encoder_names():
-            names = ", ".join(image_encoder_names())
-            raise ValueError(f"encoder={self.encoder!r} is invalid; choose one of {names}")
         self.signature().validate()
         super().validate()
 

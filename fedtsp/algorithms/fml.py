@@ -28,65 +28,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import check_weighting, fedavg
-from fedtsp.algorithms.base import Algorithm, Message, option, register
+from fedtsp.algorithms.base import register
+from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
-    build_shared_model,
-    check_grad_clip,
-    check_kl_reduction,
-    check_shared_arch,
-    class_mean_features,
-    client_weights,
-    clip_each,
+    KL_REDUCTIONS,
+    SharedModelMethod,
+    SharedModelOptions,
     distill_kl,
-    load_shared_weights,
     set_training,
-    shared_weights,
-    upload_with_count,
 )
-from fedtsp.clients import Client, ClientFacts
+from fedtsp.clients import Client
 from fedtsp.models.families import ClientModel
 
 
 @dataclass
-class FMLOptions:
+class FMLOptions(SharedModelOptions):
     # Named apart from the run's Dirichlet --alpha.
     personal_alpha: float = option(
-        0.5, "alpha: personal model's CE weight (1 - alpha: its KL to the meme model)"
+        0.5, "alpha: personal model's CE weight (1 - alpha: its KL to the meme model)", "[0, 1]"
     )
     meme_beta: float = option(
-        0.5, "beta: meme model's CE weight (1 - beta: its KL to the personal)"
+        0.5, "beta: meme model's CE weight (1 - beta: its KL to the personal)", "[0, 1]"
     )
-    temperature: float = option(1.0, "softmax temperature of the mutual KL terms (scaled by T^2)")
+    temperature: float = option(
+        1.0, "softmax temperature of the mutual KL terms (scaled by T^2)", "> 0"
+    )
     kl_reduction: str = option(
-        "mean", "KL also per class (mean, authors' code) or per sample (batchmean, paper)"
-    )
-    weighting: str = option("uniform", "shared-model average: uniform (authors' code) or samples")
-    grad_clip: float | None = option(
-        10.0, "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)"
-    )
-    shared_arch: str = option(
-        "first", "shared model: first (the family's first architecture, authors' code) or a name"
+        "mean",
+        "KL also per class (mean, authors' code) or per sample (batchmean, paper)",
+        choices=KL_REDUCTIONS,
     )
     detach_partner: bool = option(
         False, "KL target a fixed prediction (true, paper) or trained too (false, authors' code)"
     )
-
-    def validate(self) -> None:
-        for name in ("personal_alpha", "meme_beta"):
-            value = getattr(self, name)
-            if not 0 <= value <= 1:
-                raise ValueError(f"{name}={value} is invalid; must be in [0, 1]")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature} is invalid; must be > 0")
-        check_kl_reduction(self.kl_reduction)
-        check_weighting(self.weighting)
-        check_shared_arch(self.shared_arch)
-        check_grad_clip(self.grad_clip)
 
 
 @dataclass
@@ -95,22 +72,14 @@ class FMLState:
 
 
 @register
-class FML(Algorithm):
+class FML(SharedModelMethod):
     name = "fml"
     Options = FMLOptions
     State = FMLState
     revision = 2
 
     def init_client(self, client: Client) -> FMLState:
-        return FMLState(build_shared_model(self.ctx, self.opts.shared_arch, client.facts()))
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        # Every copy starts identical (built under one seed); nothing to send.
-        template = build_shared_model(self.ctx, self.opts.shared_arch, facts[0])
-        self.keys = list(shared_weights(template))
-
-    def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
-        return [*client.model.parameters(), *client.state.shared.parameters()]
+        return FMLState(self.new_shared_model(client.facts()))
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         o = self.opts
@@ -129,21 +98,3 @@ class FML(Algorithm):
         personal = a * F.cross_entropy(personal_logits, y) + (1 - a) * kl_personal
         shared = b * F.cross_entropy(meme_logits, y) + (1 - b) * kl_meme
         return personal + shared
-
-    def before_step(self, client: Client) -> None:
-        clip_each([client.model, client.state.shared], self.opts.grad_clip)
-
-    def upload(self, client: Client) -> Message:
-        return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
-
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        weights = client_weights(uploads, self.opts.weighting)
-        return fedavg(uploads, weights, self.keys)
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_shared_weights(client.state.shared, broadcast)
-
-    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
-        # The meme model is one global model: its class-mean features over all clients' data
-        # are the run's global class prototypes.
-        return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}

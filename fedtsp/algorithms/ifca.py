@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import Message, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
@@ -25,6 +25,7 @@ from fedtsp.algorithms.model_messages import (
     model_message,
     with_sample_count,
 )
+from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import seeded
 from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import build_model
@@ -34,11 +35,7 @@ PICK_KEY = "ifca.cluster"
 
 @dataclass
 class IFCAOptions:
-    num_clusters: int = option(2, "K, the number of cluster models")
-
-    def validate(self) -> None:
-        if self.num_clusters < 1:
-            raise ValueError(f"num_clusters={self.num_clusters} is invalid; must be >= 1")
+    num_clusters: int = option(2, "K, the number of cluster models", ">= 1")
 
 
 def ifca_assign(losses: np.ndarray) -> np.ndarray:

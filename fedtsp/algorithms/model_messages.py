@@ -11,7 +11,6 @@ import torch
 from torch import Tensor, nn
 
 from fedtsp.aggregation import fedavg, normalized_weights
-from fedtsp.algorithms.shared_model import SAMPLES_KEY, load_shared_weights, shared_weights
 
 if TYPE_CHECKING:
     from fedtsp.clients import Client
@@ -19,6 +18,23 @@ if TYPE_CHECKING:
 Message = dict[str, Tensor]
 MODEL_PREFIX = "model."
 HEAD_KEYS = ("model.head.weight", "model.head.bias")
+SAMPLES_KEY = "num_samples"  # a client's train size, its weight in a sample-weighted mean
+
+
+def shared_weights(module: nn.Module) -> dict[str, Tensor]:
+    """The floating-point state (parameters and e.g. BatchNorm statistics) as copies.
+
+    Integer buffers (BatchNorm's batch counter) stay local: they are not averaged.
+    """
+    return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
+
+
+@torch.no_grad()
+def load_shared_weights(module: nn.Module, weights: dict[str, Tensor]) -> None:
+    """Copy ``weights`` into the module in place (the optimiser holds its parameter objects)."""
+    state = module.state_dict()
+    for name, value in weights.items():
+        state[name].copy_(value)
 
 
 def model_message(
@@ -54,3 +70,17 @@ def average_model_messages(uploads: Sequence[Message]) -> dict[str, Tensor]:
     weights = normalized_weights([u[SAMPLES_KEY] for u in uploads], "samples")
     keys = [k for k in uploads[0] if k.startswith(MODEL_PREFIX)]
     return fedavg(uploads, weights, keys)
+
+
+def average_heads(sizes: Tensor, weight: Tensor, bias: Tensor) -> dict[str, Tensor]:
+    """Sample-weighted mean (FedAvg) of K heads: ``weight`` (K, C, d), ``bias`` (K, C)."""
+    heads = [{"weight": w, "bias": b} for w, b in zip(weight, bias, strict=True)]
+    return fedavg(heads, normalized_weights(sizes.tolist()))
+
+
+@torch.no_grad()
+def load_head(client: Client, weight: Tensor, bias: Tensor) -> None:
+    """Overwrite the client's head in place (its optimiser keeps the same parameter objects)."""
+    head = client.model.head
+    head.weight.copy_(weight.to(head.weight.device, head.weight.dtype))
+    head.bias.copy_(bias.to(head.bias.device, head.bias.dtype))

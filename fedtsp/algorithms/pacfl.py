@@ -15,8 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedtsp.algorithms.base import Message, option, register
+from fedtsp.algorithms.base import Message, register
 from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
+from fedtsp.algorithms.options import option
 from fedtsp.clients import Client
 from fedtsp.clustering.oneshot import cluster_clients
 from fedtsp.clustering.subspaces import ANGLE_STATISTICS, data_subspace, subspace_distances
@@ -25,17 +26,11 @@ from fedtsp.data import pixels
 
 @dataclass
 class PACFLOptions(ClusteringFields):
-    rank: int = option(3, "leading singular vectors per class (or per client)")
+    rank: int = option(3, "leading singular vectors per class (or per client)", ">= 1")
     per_class: bool = option(True, "one subspace per class (authors' code) or for all data")
-    angle_statistic: str = option("mean", "distance from the principal angles: mean, min or sum")
-
-    def validate(self) -> None:
-        if self.rank < 1:
-            raise ValueError(f"rank={self.rank} is invalid; must be >= 1")
-        if self.angle_statistic not in ANGLE_STATISTICS:
-            allowed = ", ".join(ANGLE_STATISTICS)
-            raise ValueError(f"angle_statistic={self.angle_statistic!r} is invalid; {allowed}")
-        super().validate()
+    angle_statistic: str = option(
+        "mean", "distance from the principal angles: mean, min or sum", choices=ANGLE_STATISTICS
+    )
 
 
 @register

@@ -1,5 +1,5 @@
-"""The small homogeneous model that FML, FedKD and FedMRL share across clients (a helper module,
-not an algorithm).
+"""The small homogeneous model that FML, FedKD and FedMRL share across clients, and the part of
+those methods that handles it (`SharedModelMethod`, their common base; not an algorithm).
 
 Each client keeps, beside its heterogeneous personal model, its own copy of one small model of
 a common architecture in its state (``shared``); the server averages the copies (FedAvg) and
@@ -15,46 +15,59 @@ fixes a shared architecture for these families, so the code that produced the Fe
 Table 1 decides. Any registered architecture name (e.g. ``fedavgcnn``) can be chosen instead.
 The shared model is a ``ClientModel`` (``features`` pooled to ``feature_dim``, linear ``head``),
 so it has exactly the structure of a client model.
+
+Options all three share (`SharedModelOptions`), defaults from the authors' fork: the copies
+are averaged uniformly (``weighting="uniform"``; the papers weight by train size), and each
+model's gradient norm is clipped at 10 before every step (``grad_clip``; none: the papers).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import normalized_weights
+from fedtsp.aggregation import WEIGHTINGS, fedavg, normalized_weights
+from fedtsp.algorithms.base import Algorithm, Message, RunContext
+from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
+from fedtsp.algorithms.options import option
+from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import ARCHITECTURES, ClientModel, build_model, client_architecture
-
-if TYPE_CHECKING:
-    from fedtsp.algorithms.base import Message, RunContext
-    from fedtsp.clients import Client, ClientFacts
 
 T = TypeVar("T")
 FAMILY_FIRST = "first"
 KL_REDUCTIONS = ("batchmean", "mean")
-SAMPLES_KEY = "num_samples"
+
+
+def shared_arch_names() -> list[str]:
+    """``"first"`` (the run family's first architecture) or any registered architecture."""
+    return [FAMILY_FIRST, *sorted(ARCHITECTURES)]
+
+
+@dataclass
+class SharedModelOptions:
+    weighting: str = option(
+        "uniform", "shared-model average: uniform (authors' code) or samples", choices=WEIGHTINGS
+    )
+    grad_clip: float | None = option(
+        10.0,
+        "clip each model's gradient norm (authors' code: 10); none: no clipping (paper)",
+        "> 0",
+    )
+    shared_arch: str = option(
+        "first",
+        "shared model: first (the family's first architecture, authors' code) or a name",
+        choices=shared_arch_names,
+    )
 
 
 # ---- the shared model ------------------------------------------------------------------
-def check_kl_reduction(value: str) -> None:
-    """Raise ValueError unless ``value`` is one of KL_REDUCTIONS."""
-    if value not in KL_REDUCTIONS:
-        raise ValueError(f"kl_reduction={value!r} is invalid; choose {KL_REDUCTIONS}")
-
-
-def check_shared_arch(value: str) -> None:
-    """Raise ValueError unless ``value`` is ``"first"`` or a registered architecture."""
-    if value != FAMILY_FIRST and value not in ARCHITECTURES:
-        raise ValueError(
-            f"shared_arch={value!r} is invalid; choose {FAMILY_FIRST} (the family's first "
-            f"architecture) or one of {', '.join(sorted(ARCHITECTURES))}"
-        )
 
 
 @contextlib.contextmanager
@@ -101,33 +114,11 @@ def set_training(module: nn.Module, mode: bool) -> None:
         module.train(mode)
 
 
-def check_grad_clip(value: float | None) -> None:
-    if value is not None and not value > 0:
-        raise ValueError(f"grad_clip={value} is invalid; must be > 0 (or none: no clipping)")
-
-
 def clip_each(modules: Sequence[nn.Module], max_norm: float | None) -> None:
     """Clip the gradient norm of each module on its own, as the authors' fork does."""
     if max_norm is not None:
         for module in modules:
             torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm)
-
-
-# ---- FedAvg of the shared weights -------------------------------------------------------
-def shared_weights(module: nn.Module) -> dict[str, Tensor]:
-    """The floating-point state (parameters and e.g. BatchNorm statistics) as copies.
-
-    Integer buffers (BatchNorm's batch counter) stay local: they are not averaged.
-    """
-    return {k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()}
-
-
-@torch.no_grad()
-def load_shared_weights(module: nn.Module, weights: dict[str, Tensor]) -> None:
-    """Copy ``weights`` into the module in place (the optimiser holds its parameter objects)."""
-    state = module.state_dict()
-    for name, value in weights.items():
-        state[name].copy_(value)
 
 
 def upload_with_count(client: Client, message: Message, weighting: str) -> Message:
@@ -187,3 +178,45 @@ def class_mean_features(
         counts += client.class_counts().double().cpu()
     assert sums is not None, "no client has training data"
     return (sums.double().cpu() / counts.clamp(min=1).unsqueeze(1)).float()
+
+
+class SharedModelMethod(Algorithm):
+    """Each client trains its own model and its copy of the shared model (``state.shared``);
+    the copies travel and are averaged (FedAvg, by ``weighting``); every client loads the
+    average in place. Subclasses add how the two models learn together."""
+
+    def shared_width(self) -> int | None:
+        """The shared model's feature width (None: the run's feature_dim)."""
+        return None
+
+    def new_shared_model(self, facts: ClientFacts) -> ClientModel:
+        """The shared model, identical on every call (built under one seed)."""
+        return build_shared_model(self.ctx, self.opts.shared_arch, facts, self.shared_width())
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        # Every copy starts identical, so nothing is sent; the server needs only the names.
+        self.keys = list(shared_weights(self.new_shared_model(facts[0])))
+
+    def client_parameters(self, client: Client) -> list[Any]:
+        return [*client.model.parameters(), *client.state.shared.parameters()]
+
+    def clipped_modules(self, client: Client) -> list[nn.Module]:
+        """The modules whose gradient norms are clipped each on its own before every step."""
+        return [client.model, client.state.shared]
+
+    def before_step(self, client: Client) -> None:
+        clip_each(self.clipped_modules(client), self.opts.grad_clip)
+
+    def upload(self, client: Client) -> Message:
+        return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
+
+    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        return fedavg(uploads, client_weights(uploads, self.opts.weighting), self.keys)
+
+    def receive(self, client: Client, broadcast: Message) -> None:
+        load_shared_weights(client.state.shared, broadcast)
+
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
+        # One global model: its class-mean features over all clients' train data are the
+        # run's global class prototypes (an analysis artifact, never a message).
+        return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}
