@@ -30,10 +30,10 @@ import time
 
 import torch
 
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
 from fedtsp.data import LAYOUTS, device_images
+from fedtsp.engine.simulation import run_experiment
 from fedtsp.models.families import build_model, count_parameters, resolve_family
-from fedtsp.simulation import run_experiment
 
 
 def train_speed(
@@ -167,7 +167,7 @@ def bench_engines(
     data: str | None, family: str, algorithms: list[str], clients: int, rounds: int
 ) -> None:
     from fedtsp.data import load_dataset
-    from fedtsp.flower.launch import run_flower
+    from fedtsp.engine.flower.launch import run_flower
 
     torch.set_num_threads(1)  # every Flower process then gets one thread too (flower_env)
     dataset = load_dataset("cifar10", data)

@@ -26,8 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from fedtsp.paths import REPO_ROOT
-from fedtsp.results import code_version, short_commit
+from fedtsp.core.paths import REPO_ROOT
+from fedtsp.core.results import code_version, short_commit
 
 PACKAGE = REPO_ROOT / "fedtsp"
 # Our method file -> HtFLlib's client and server file stems, for the methods both have.
@@ -47,29 +47,12 @@ MIN_REPEAT = 6
 # The package's layers, lowest first: a module-level import may only name its own layer or a
 # lower one (the README's architecture table shows the same list).
 LAYERS = {
-    "leaves": ("config", "errors", "environment", "paths", "atomic", "seeding"),
-    "models, data, text": ("models", "data", "clients", "descriptions", "describe", "results"),
-    "methods": ("algorithms", "aggregation", "privacy", "clustering"),
-    "engine core": ("engine", "runspec"),
-    "engines": ("simulation", "flower"),
-    "paper workflow": (
-        "profiles",
-        "plans",
-        "experiments",
-        "reproduce",
-        "tables",
-        "plots",
-        "outputs",
-        "paper",
-        "semantics",
-        "fmcl",
-        "report",
-        "system",
-        "notebook",
-        "cli",
-        "__init__",
-        "__main__",
-    ),
+    "leaves": ("core",),
+    "data, models, text": ("data", "models", "text"),
+    "methods": ("algorithms",),
+    "engine": ("engine",),
+    "paper workflow": ("paper",),
+    "entry points": ("cli", "__init__", "__main__"),
 }
 
 

@@ -54,14 +54,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
+from fedtsp.core.paths import REPO_ROOT, portable_path
+from fedtsp.core.results import code_version, short_commit
 from fedtsp.data import load_dataset
 from fedtsp.data.htfllib import export_htfllib
 from fedtsp.engine.build import partition_dataset
-from fedtsp.paths import REPO_ROOT, portable_path
-from fedtsp.results import code_version, short_commit
-from fedtsp.simulation import run_experiment, run_key
-from fedtsp.tables import mean_pm_std
+from fedtsp.engine.simulation import run_experiment, run_key
+from fedtsp.paper.tables import mean_pm_std
 
 # label -> (our algorithm, our options matching HtFLlib's code, HtFLlib's algorithm + args)
 METHODS: dict[str, tuple[str, dict[str, Any], list[str]]] = {

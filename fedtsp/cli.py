@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedtsp.config import BATCH_ORDERS, CLIENT_INITS, UNDERSIZED_CLIENTS, RunConfig
-from fedtsp.environment import debug_requested
-from fedtsp.errors import UserError, one_line
-from fedtsp.paths import portable_path
+from fedtsp.core.config import BATCH_ORDERS, CLIENT_INITS, UNDERSIZED_CLIENTS, RunConfig
+from fedtsp.core.environment import debug_requested
+from fedtsp.core.errors import UserError, one_line
+from fedtsp.core.paths import portable_path
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
@@ -210,14 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
             **({"action": argparse.BooleanOptionalAction} if switch else {"metavar": name.upper()}),
         )
 
-    from fedtsp.describe import add_describe_parser
+    from fedtsp.text.describe import add_describe_parser
 
     add_describe_parser(sub)
 
     rep = sub.add_parser(
         "reproduce", help="execute the numbered notebooks with papermill at a profile"
     )
-    rep.add_argument("--profile", default="cpu", help="smoke, cpu or paper (fedtsp/profiles.toml)")
+    rep.add_argument(
+        "--profile", default="cpu", help="smoke, cpu or paper (fedtsp/paper/profiles.toml)"
+    )
     rep.add_argument("--only", nargs="+", metavar="NN", help="notebook prefixes, e.g. 02 03")
     rep.add_argument("--workers", type=int, help="parallel runs (default: the profile's)")
     rep.add_argument("--results", default="results", help="results root (default: results)")
@@ -255,7 +257,7 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in vars(args).items()
         if key.startswith("opt_") and value is not None
     }
-    from fedtsp.runspec import check_run  # imports torch: not at `fedtsp --help` time
+    from fedtsp.engine.runspec import check_run  # imports torch: not at `fedtsp --help` time
 
     config = check_run(RunConfig(**values, algo_options=options))
     if not options:
@@ -281,14 +283,14 @@ def _check_folder(flag: str, path: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedtsp.simulation import run_experiment
+    from fedtsp.engine.simulation import run_experiment
 
     config = _config_from_args(args)
     _check_data_path(args.data)
     _check_folder("--out", args.out)
     _check_folder("--workdir", args.workdir)
     if args.engine != "simulator":
-        from fedtsp.flower.launch import FLOWER_MISSING, run_flower
+        from fedtsp.engine.flower.launch import FLOWER_MISSING, run_flower
 
         try:
             import flwr  # noqa: F401
@@ -357,7 +359,7 @@ def _cmd_partition(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from fedtsp.reproduce import reproduce
+    from fedtsp.paper.reproduce import reproduce
 
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
@@ -381,13 +383,13 @@ def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedtsp.clients import NonFiniteLossError
-    from fedtsp.flower.core import ClientFailureError
+    from fedtsp.algorithms.clients import NonFiniteLossError
+    from fedtsp.engine.flower.core import ClientFailureError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
-    from fedtsp.describe import run_describe
+    from fedtsp.text.describe import run_describe
 
     handlers = {
         "run": _cmd_run,

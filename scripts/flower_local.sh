@@ -17,7 +17,7 @@ cleanup() { for p in "${pids[@]}"; do kill -- -"$p" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 
 # 1. partition once; write run.json, server.npz, node-<i>.npz, the Flower App and FLWR_HOME
-N=$(python -m fedtsp.flower prepare --workdir "$WORK" --superlink-port "$PORT" "$@" | tail -n 1)
+N=$(python -m fedtsp.engine.flower prepare --workdir "$WORK" --superlink-port "$PORT" "$@" | tail -n 1)
 
 # 2. the SuperLink (runs the ServerApp; no dependency installation: the app is fedtsp itself)
 setsid flower-superlink --insecure --disable-runtime-dependency-installation \
@@ -36,4 +36,4 @@ done
 
 # 4. submit the app; --stream follows the ServerApp's log until the run ends
 flwr run "$WORK/app" --stream | grep -v "HTTP Request" | tee "$WORK/logs/flwr-run.log" || true
-python -m fedtsp.flower result --workdir "$WORK"
+python -m fedtsp.engine.flower result --workdir "$WORK"

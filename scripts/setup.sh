@@ -24,7 +24,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
-packages="$("$venv/bin/python" -m fedtsp.system --debian)"
+packages="$("$venv/bin/python" -m fedtsp.paper.system --debian)"
 if [ -n "$packages" ]; then
   apt=()
   if [ "${FEDTSP_NO_APT:-0}" != 1 ] && command -v apt-get > /dev/null; then
@@ -45,8 +45,8 @@ if [ -n "$packages" ]; then
   fi
   # Whatever is still missing is named, with the way to get it; the run then reports the
   # notebooks that lack it as partial.
-  if [ -n "$("$venv/bin/python" -m fedtsp.system --debian)" ]; then
-    "$venv/bin/python" -m fedtsp.system | grep -v ': ok$' | sed 's/^/setup: /' >&2 || true
+  if [ -n "$("$venv/bin/python" -m fedtsp.paper.system --debian)" ]; then
+    "$venv/bin/python" -m fedtsp.paper.system | grep -v ': ok$' | sed 's/^/setup: /' >&2 || true
   fi
 fi
 echo "setup: ready ($venv)"

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
 from fedtsp.data import ImageDataset, dataset_info, synthetic_dataset
 
 # One intra-op thread: the tests' models are tiny, and with two threads a second busy

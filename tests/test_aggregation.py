@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedtsp.aggregation import aggregate_prototypes, fedavg, normalized_weights
+from fedtsp.algorithms.aggregation import aggregate_prototypes, fedavg, normalized_weights
 
 
 def test_fedavg_is_the_sample_weighted_mean():

@@ -11,9 +11,9 @@ from conftest import assert_uploads_training_means, tiny_config
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
 from fedtsp.algorithms.model_messages import message_head
-from fedtsp.config import ConfigError
-from fedtsp.results import RunStore
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.core.config import ConfigError
+from fedtsp.core.results import RunStore
+from fedtsp.engine.simulation import prepare, run_experiment
 
 C, D = 10, 512  # tiny_data's classes; the default feature width
 

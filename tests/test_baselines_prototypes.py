@@ -13,9 +13,9 @@ from torch import Tensor
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.alignfed import AlignFed, anchor_loss, uniform_anchors
 from fedtsp.algorithms.fedtgp import FedTGP, _euclidean, adaptive_margin
-from fedtsp.config import ConfigError
-from fedtsp.results import RunStore
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.core.config import ConfigError
+from fedtsp.core.results import RunStore
+from fedtsp.engine.simulation import prepare, run_experiment
 
 METHODS = ["fedtgp", "alignfed", "fedgh"]
 

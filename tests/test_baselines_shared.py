@@ -9,11 +9,11 @@ from conftest import tiny_config
 
 from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_factors
 from fedtsp.algorithms.shared_model import distill_kl, shared_weights
-from fedtsp.config import ConfigError
+from fedtsp.core.config import ConfigError
+from fedtsp.core.results import RunStore
 from fedtsp.engine.messages import message_nbytes
-from fedtsp.results import RunStore
-from fedtsp.runspec import check_run
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.engine.runspec import check_run
+from fedtsp.engine.simulation import prepare, run_experiment
 
 METHODS = ["fml", "fedkd", "fedmrl"]
 # The papers' variants (the defaults are the authors' fork: see test_fork_defaults_*).

@@ -65,13 +65,17 @@ def test_a_repeated_run_is_counted_once_at_its_full_length():
 
 def test_an_upward_import_is_found_and_the_package_has_none():
     trees = {
-        "fedtsp/algorithms/x.py": ast.parse("from fedtsp.simulation import run_experiment\n"),
-        "fedtsp/engine/y.py": ast.parse("from fedtsp import config, flower\nimport fedtsp.data\n"),
-        "fedtsp/config.py": ast.parse("def f():\n    from fedtsp import cli\n"),  # in a function
+        "fedtsp/algorithms/x.py": ast.parse(
+            "from fedtsp.engine.simulation import run_experiment\n"
+        ),
+        "fedtsp/data/y.py": ast.parse("from fedtsp import core, paper\nimport fedtsp.models\n"),
+        "fedtsp/core/config.py": ast.parse(
+            "def f():\n    from fedtsp import cli\n"
+        ),  # in a function
     }
     assert cm.upward_imports(trees) == [
-        "fedtsp/algorithms/x.py:1 imports fedtsp.simulation",
-        "fedtsp/engine/y.py:1 imports fedtsp.flower",
+        "fedtsp/algorithms/x.py:1 imports fedtsp.engine",
+        "fedtsp/data/y.py:1 imports fedtsp.paper",
     ]
     package = {
         str(p.relative_to(REPO)): ast.parse(p.read_text()) for p in (REPO / "fedtsp").rglob("*.py")

@@ -34,7 +34,7 @@ def _committed_outputs() -> list[str]:
 
 def test_the_pattern_catches_what_it_is_for():
     assert ABSOLUTE.search('"source": "/work/cpurun/shared/data/cifar10-jpg.tar.gz"')
-    assert ABSOLUTE.search("PosixPath('/home/ann/fedtsp/results/cpu/figures/x.png')")
+    assert ABSOLUTE.search("PosixPath('/home/ann/fedtsp/core/results/cpu/figures/x.png')")
     assert ABSOLUTE.search("cache C:\\\\Users\\\\ann")
     assert not ABSOLUTE.search('"source": "../shared/data/cifar10-jpg.tar.gz"')
     assert not ABSOLUTE.search("https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz")

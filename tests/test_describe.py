@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from fedtsp import describe as d
-from fedtsp import descriptions
-from fedtsp.describe import classes as describe_classes
-from fedtsp.describe import generate, providers
-from fedtsp.descriptions import load_descriptions
+from fedtsp.text import describe as d
+from fedtsp.text import descriptions
+from fedtsp.text.describe import classes as describe_classes
+from fedtsp.text.describe import generate, providers
+from fedtsp.text.descriptions import load_descriptions
 
 CIFAR10 = [
     "airplane", "automobile", "bird", "cat", "deer",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedtsp.data import dataset_info
-from fedtsp.descriptions import (
+from fedtsp.text.descriptions import (
     DESCRIPTION_SETS_DIR,
     DescriptionError,
     DescriptionSet,
@@ -124,7 +124,7 @@ def test_available_sets_and_paths():
 def test_package_data_ships_the_sets():
     # Read as text: tomllib is 3.11+ and the package supports 3.10.
     text = (REPO / "pyproject.toml").read_text()
-    found = re.search(r"\[tool\.setuptools\.package-data\]\s*fedtsp = \[([^\]]*)\]", text)
+    found = re.search(r'^"fedtsp\.text" = \[([^\]]*)\]', text, re.M)
     assert found and '"description_sets/*.json"' in found.group(1)
 
 

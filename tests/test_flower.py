@@ -14,9 +14,9 @@ from conftest import tiny_config
 pytest.importorskip("flwr", reason="the flower extra (flwr[simulation]) is not installed")
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 
-from fedtsp.config import ConfigError  # noqa: E402
-from fedtsp.flower import ClientFailureError, LocalFederation, prepare_workdir, run_flower  # noqa: E402
-from fedtsp.simulation import run_experiment  # noqa: E402
+from fedtsp.core.config import ConfigError  # noqa: E402
+from fedtsp.engine.flower import ClientFailureError, LocalFederation, prepare_workdir, run_flower  # noqa: E402
+from fedtsp.engine.simulation import run_experiment  # noqa: E402
 
 
 def _rows(history: list[dict]) -> list[dict]:
@@ -129,8 +129,8 @@ def test_work_folder_hands_each_node_only_its_partition(tmp_path, tiny_data):
 def test_every_node_sets_up_where_the_simulator_does(tmp_path, tiny_data, algorithm, client_init):
     import torch
 
-    from fedtsp.flower.core import NodeRuntime, ServerLoop
-    from fedtsp.simulation import prepare
+    from fedtsp.engine.flower.core import NodeRuntime, ServerLoop
+    from fedtsp.engine.simulation import prepare
 
     config = tiny_config(algorithm=algorithm, num_clients=8, client_init=client_init)
     run = prepare_workdir(config, tiny_data, tmp_path, out=tmp_path, engine="flower-sim")

@@ -12,21 +12,21 @@ from conftest import synthetic_dataset
 from sklearn.metrics import adjusted_rand_score
 
 from fedtsp.algorithms.cfl import cfl_bipartition
-from fedtsp.algorithms.ifca import ifca_assign
-from fedtsp.clustering.oneshot import ClusteringOptions, cluster_clients
-from fedtsp.clustering.signatures import (
+from fedtsp.algorithms.clustering.oneshot import ClusteringOptions, cluster_clients
+from fedtsp.algorithms.clustering.signatures import (
     EmbeddingCache,
     SignatureOptions,
     client_signature,
     signature_distances,
 )
-from fedtsp.clustering.subspaces import data_subspace, principal_angles
-from fedtsp.config import RunConfig
+from fedtsp.algorithms.clustering.subspaces import data_subspace, principal_angles
+from fedtsp.algorithms.ifca import ifca_assign
+from fedtsp.core.config import RunConfig
 from fedtsp.data import ImageDataset, dataset_info, normalize, pixels
 from fedtsp.data.populations import PopulationSpec, build_population
-from fedtsp.fmcl import run_benchmark, summarize_benchmark
+from fedtsp.engine.simulation import prepare, run_experiment
 from fedtsp.models.image_encoders import create_image_encoder
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.paper.fmcl import run_benchmark, summarize_benchmark
 
 
 def grey_dataset(per_class: int = 40, seed: int = 5) -> ImageDataset:
@@ -382,8 +382,8 @@ def test_cfl_splits_a_stalled_cluster_by_domain(domains, tmp_path):
 
 
 def test_a_population_run_is_checked_before_any_data_is_read():
-    from fedtsp.config import ConfigError
-    from fedtsp.runspec import check_run
+    from fedtsp.core.config import ConfigError
+    from fedtsp.engine.runspec import check_run
 
     with pytest.raises(ConfigError, match="population='rotated'"):
         check_run(population_config("clusters").replace(population="rotated"))

@@ -11,9 +11,9 @@ from conftest import LATER_FIELDS, key_before_fields, tiny_config
 
 from fedtsp.algorithms.fedetf import simplex_etf
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
-from fedtsp.config import ConfigError, RunConfig
-from fedtsp.runspec import check_run, run_key
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.engine.runspec import check_run, run_key
+from fedtsp.engine.simulation import prepare, run_experiment
 
 
 def homo_config(algorithm: str, setting: str = "gfl", **changes):

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
 from fedtsp.data import load_dataset
-from fedtsp.simulation import run_experiment
+from fedtsp.engine.simulation import run_experiment
 
 
 def test_cifar10_archive_two_rounds(cifar10_archive, tmp_path):

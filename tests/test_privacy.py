@@ -8,8 +8,7 @@ import pytest
 import torch
 from conftest import CIFAR10_CLASSES, tiny_config
 
-from fedtsp.config import ConfigError
-from fedtsp.privacy import (
+from fedtsp.algorithms.privacy import (
     add_fixed_noise,
     class_name_recovery,
     clip_l2,
@@ -17,8 +16,9 @@ from fedtsp.privacy import (
     gaussian_mechanism,
     privatize_sequences,
 )
-from fedtsp.runspec import check_run
-from fedtsp.simulation import prepare
+from fedtsp.core.config import ConfigError
+from fedtsp.engine.runspec import check_run
+from fedtsp.engine.simulation import prepare
 
 
 def test_sigma_is_the_gaussian_mechanism_scale():

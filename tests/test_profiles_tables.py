@@ -8,13 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fedtsp.config import ConfigError
-from fedtsp.experiments import DataSource, method_config
-from fedtsp.outputs import ResultsWriter, write_index
-from fedtsp.plans import notebook_plan
-from fedtsp.profiles import load_profile, notebook_parameters, profile_names
-from fedtsp.simulation import run_key
-from fedtsp.tables import best_mask, mean_std, to_latex, to_markdown
+from fedtsp.core.config import ConfigError
+from fedtsp.engine.simulation import run_key
+from fedtsp.paper.experiments import DataSource, method_config
+from fedtsp.paper.outputs import ResultsWriter, write_index
+from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
+from fedtsp.paper.tables import best_mask, mean_std, to_latex, to_markdown
 
 
 def test_profiles_load_and_cover_every_notebook():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 from conftest import tiny_config
 
-from fedtsp.report import fmcl_table, runs_frame, summary_table
-from fedtsp.results import RunStore
-from fedtsp.simulation import run_experiment
-from fedtsp.tables import to_markdown
+from fedtsp.core.results import RunStore
+from fedtsp.engine.simulation import run_experiment
+from fedtsp.paper.report import fmcl_table, runs_frame, summary_table
+from fedtsp.paper.tables import to_markdown
 
 
 def test_summary_table_means_over_seeds(tmp_path, tiny_data):

@@ -13,9 +13,9 @@ import nbformat
 import pandas as pd
 import pytest
 
-from fedtsp.paths import REPO_ROOT
-from fedtsp.profiles import load_profile, notebook_parameters
-from fedtsp.reproduce import NOTEBOOKS_DIR, find_notebooks, reproduce
+from fedtsp.core.paths import REPO_ROOT
+from fedtsp.paper.profiles import load_profile, notebook_parameters
+from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks, reproduce
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 

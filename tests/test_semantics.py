@@ -13,8 +13,8 @@ import pytest
 import torch
 from matplotlib.figure import Figure
 
-from fedtsp import semantics as S
 from fedtsp.data import dataset_info, semantic_groups
+from fedtsp.paper import semantics as S
 
 HAVE_DEBIAN = (S.DEBIAN_WORDNET_DIR / "index.noun").is_file()
 NO_DEBIAN = (
@@ -135,7 +135,7 @@ def test_wu_palmer_dog_cat(wn):
 
 
 def test_mapping_file_documents_its_rule():
-    raw = json.loads(resources.files("fedtsp").joinpath("class_synsets.json").read_text())
+    raw = json.loads(resources.files("fedtsp.paper").joinpath("class_synsets.json").read_text())
     assert "rule" in raw["_notes"] and raw["_notes"]["hard_cases"]
     assert set(S.synset_mapping("cifar10")) == set(dataset_info("cifar10").classes)
     assert S.synset_mapping("tinyimagenet") == {}
@@ -393,7 +393,7 @@ def test_heatmap_on_given_axes_and_errors():
 
 @pytest.mark.parametrize("variant", ["short", "long"])
 def test_tinyimagenet_description_sets_name_real_wordnet_nouns(wn, variant):
-    from fedtsp.descriptions import description_set_path, validate_descriptions
+    from fedtsp.text.descriptions import description_set_path, validate_descriptions
 
     path = description_set_path("tinyimagenet", variant)
     wnids = sorted(k for k in json.loads(path.read_text()) if not k.startswith("_"))

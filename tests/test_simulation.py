@@ -11,10 +11,10 @@ import torch
 from conftest import assert_uploads_training_means, key_before_fields, tiny_config
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
-from fedtsp.clients import ClientFacts, NonFiniteLossError
-from fedtsp.config import ConfigError
-from fedtsp.results import RunStore
-from fedtsp.simulation import prepare, run_experiment
+from fedtsp.algorithms.clients import ClientFacts, NonFiniteLossError
+from fedtsp.core.config import ConfigError
+from fedtsp.core.results import RunStore
+from fedtsp.engine.simulation import prepare, run_experiment
 
 
 def _strip_times(history: list[dict]) -> list[dict]:
@@ -332,7 +332,7 @@ def test_shared_client_init_starts_each_architecture_from_one_set_of_weights(tin
 
 @pytest.mark.parametrize(("algorithm", "key"), [("fedproto", "protos"), ("feddistill", "logits")])
 def test_a_class_met_only_in_dropped_batches_is_not_uploaded_as_zeros(tiny_data, algorithm, key):
-    from fedtsp.aggregation import aggregate_prototypes
+    from fedtsp.algorithms.aggregation import aggregate_prototypes
 
     run = prepare(tiny_config(algorithm=algorithm, batch_order="fixed"), dataset=tiny_data)
     client, other = run.clients[0], run.clients[1]

@@ -1,4 +1,4 @@
-"""System data checks (`python -m fedtsp.system`) and the idempotent set-up script."""
+"""System data checks (`python -m fedtsp.paper.system`) and the idempotent set-up script."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from fedtsp import system
-from fedtsp.system import SystemData
+from fedtsp.paper import system
+from fedtsp.paper.system import SystemData
 
 
 def _fake(name: str, debian: tuple[str, ...], problem: str | None) -> SystemData:

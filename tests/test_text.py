@@ -10,12 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from fedtsp.data import dataset_info
-from fedtsp.descriptions import (
-    DescriptionError,
-    class_prompts,
-    handcrafted_prompts,
-    load_descriptions,
-)
 from fedtsp.models.prompts import PromptLearner
 from fedtsp.models.text import (
     BertTextEncoder,
@@ -23,6 +17,12 @@ from fedtsp.models.text import (
     build_text_encoder,
     text_encoder_names,
     text_encoder_width,
+)
+from fedtsp.text.descriptions import (
+    DescriptionError,
+    class_prompts,
+    handcrafted_prompts,
+    load_descriptions,
 )
 
 CIFAR10 = list(dataset_info("cifar10").classes)

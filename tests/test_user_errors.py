@@ -22,7 +22,7 @@ from conftest import CIFAR10_CLASSES, REPO
 from fedtsp.cli import _config_from_args as config_from_args
 from fedtsp.cli import build_parser, main
 from fedtsp.data import load_dataset
-from fedtsp.simulation import run_experiment, run_key
+from fedtsp.engine.simulation import run_experiment, run_key
 
 SMALL = ["--num-clients", "2", "--alpha", "5", "--batch-size", "4", "--local-epochs", "1"]
 

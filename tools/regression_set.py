@@ -25,13 +25,13 @@ from typing import Any
 import torch
 
 from fedtsp.algorithms import ALGORITHMS
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
+from fedtsp.core.paths import REPO_ROOT
+from fedtsp.core.results import code_version
 from fedtsp.data import load_dataset
-from fedtsp.fmcl.benchmark import METHODS as FMCL_METHODS
-from fedtsp.fmcl.benchmark import benchmark_config
-from fedtsp.paths import REPO_ROOT
-from fedtsp.results import code_version
-from fedtsp.simulation import run_experiment
+from fedtsp.engine.simulation import run_experiment
+from fedtsp.paper.fmcl.benchmark import METHODS as FMCL_METHODS
+from fedtsp.paper.fmcl.benchmark import benchmark_config
 
 DEFAULT_OUT = REPO_ROOT / "tools" / "regression_set.json"
 SEEDS = (0, 1)

@@ -42,11 +42,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import fedavg, normalized_weights
+from fedtsp.algorithms.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import message_head
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 
 CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
 

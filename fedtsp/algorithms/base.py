@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import head_message, model_message
 from fedtsp.algorithms.options import build_options, describe_options
-from fedtsp.clients import Client, ClientFacts
 
 Message = dict[str, Tensor]
 

@@ -23,10 +23,10 @@ import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 
 from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.clients import ClientFacts
 from fedtsp.algorithms.clusters import ClusteredFedAvg
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
 from fedtsp.algorithms.options import option
-from fedtsp.clients import ClientFacts
 
 CRITERIA = ("relative", "absolute")
 

@@ -31,6 +31,8 @@ import numpy as np
 from torch import Tensor
 
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
+from fedtsp.algorithms.clustering.oneshot import ClusteringOptions, canonical_labels
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
@@ -38,8 +40,6 @@ from fedtsp.algorithms.model_messages import (
     with_sample_count,
 )
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
-from fedtsp.clustering.oneshot import ClusteringOptions, canonical_labels
 
 FIXED_CLUSTERS = ("one", "each", "truth")
 
@@ -154,7 +154,7 @@ class FixedClusters(ClusteredFedAvg):
 
 @dataclass
 class ClusteringFields:
-    """The one-shot clustering of a distance matrix (`fedtsp.clustering.oneshot`)."""
+    """The one-shot clustering of a distance matrix (`fedtsp.algorithms.clustering.oneshot`)."""
 
     method: str = option("agglomerative", "agglomerative (on the distances) or kmeans (on MDS)")
     linkage: str = option("average", "agglomerative linkage: average, complete or single")

@@ -5,7 +5,7 @@ all weights, sample-weighted, and every client continues from the average.
 Model-homogeneous settings only (``gfl``). All clients start from one model (the server's
 first broadcast is client 0's initial weights, as a FedAvg server sends its global model in
 round 0). The floating-point state is averaged, BatchNorm running statistics included, with
-the one rule every averaging method shares (``fedtsp.aggregation.fedavg``); BatchNorm's
+the one rule every averaging method shares (``fedtsp.algorithms.aggregation.fedavg``); BatchNorm's
 integer batch counter stays local.
 
 A model travels as ``"model.<state key>"`` entries (``fedtsp.algorithms.model_messages``).
@@ -14,13 +14,13 @@ A model travels as ``"model.<state key>"`` entries (``fedtsp.algorithms.model_me
 from __future__ import annotations
 
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
-from fedtsp.clients import Client, ClientFacts
 
 
 @register

@@ -16,8 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from fedtsp.algorithms.base import register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.fedavg import FedAvg
-from fedtsp.clients import Client
 
 HEAD_PREFIX = "head."
 

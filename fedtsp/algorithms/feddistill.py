@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 from fedtsp.algorithms.options import option
-from fedtsp.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 
 
 @dataclass

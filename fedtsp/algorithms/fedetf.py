@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.base import register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.finetune import FineTuneOptions, HeadFineTuning
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
 
 SCALE_INIT = 10.0
 

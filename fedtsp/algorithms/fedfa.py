@@ -34,12 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes
+from fedtsp.algorithms.aggregation import aggregate_prototypes
 from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.model_messages import average_model_messages
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass

@@ -48,9 +48,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import average_heads, load_head, message_head
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 
 _GEN = "gen."  # prefix of the generator's tensors in a broadcast
 _PROTO_SAMPLES = 64  # generated samples per class for the class-mean artifact

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import unweighted_class_means
+from fedtsp.algorithms.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import load_head, message_head
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass

@@ -49,8 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import fedavg
+from fedtsp.algorithms.aggregation import fedavg
 from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
@@ -63,7 +64,6 @@ from fedtsp.algorithms.shared_model import (
     set_training,
     upload_with_count,
 )
-from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import ClientModel
 
 FACTOR_SEP = "::"  # "<tensor name>::U" etc.; parameter names never contain it

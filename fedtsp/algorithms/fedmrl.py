@@ -48,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     SharedModelMethod,
@@ -55,7 +56,6 @@ from fedtsp.algorithms.shared_model import (
     nth_draw,
     set_training,
 )
-from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import ClientModel
 
 

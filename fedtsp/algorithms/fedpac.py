@@ -31,13 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import aggregate_prototypes
+from fedtsp.algorithms.aggregation import aggregate_prototypes
 from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.fedbabu import HEAD_PREFIX
 from fedtsp.algorithms.model_messages import average_model_messages, load_head
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
 
 WEIGHT_FLOOR = 1e-3
 

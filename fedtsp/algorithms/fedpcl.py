@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import WEIGHTINGS
+from fedtsp.algorithms.aggregation import WEIGHTINGS
 from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.fedproto import FedProto
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
 
 
 @dataclass

@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import unweighted_class_means
+from fedtsp.algorithms.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.fedproto import EVAL_MODES, nearest_prototype_logits
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 
 
 @dataclass

@@ -25,7 +25,7 @@ Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) e
 holds the same architecture, and the whole model, head included, is averaged with FedAvg
 (sample-weighted) every round while the clients keep aligning to the text prototypes.
 
-Private description upload (Sec. 3.5, Table 4; ``fedtsp.privacy``): with ``dp_epsilon`` set,
+Private description upload (Sec. 3.5, Table 4; ``fedtsp.algorithms.privacy``): with ``dp_epsilon`` set,
 client ``dp_client`` uploads its prompts' token embeddings once, each sequence clipped to
 ``dp_clip`` and noised for (dp_epsilon, dp_delta)-DP, and the server's prompt learner encodes
 those noisy embeddings instead of the clean ones. ``dp_noise_std`` is the authors' code
@@ -42,8 +42,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
@@ -51,16 +52,15 @@ from fedtsp.algorithms.model_messages import (
     with_sample_count,
 )
 from fedtsp.algorithms.options import option
-from fedtsp.clients import PROTOTYPE_SOURCES, Client, ClientFacts
-from fedtsp.descriptions import (
+from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
+from fedtsp.models.prompts import PROMPT_POSITIONS, PromptLearner
+from fedtsp.models.text import build_text_encoder, text_encoder_names, text_encoder_width
+from fedtsp.text.descriptions import (
     description_set_path,
     handcrafted_prompts,
     resolve_description_set,
     validate_descriptions,
 )
-from fedtsp.models.prompts import PROMPT_POSITIONS, PromptLearner
-from fedtsp.models.text import build_text_encoder, text_encoder_names, text_encoder_width
-from fedtsp.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
 
 PROMPT_VARIANTS = ("manual", "short", "long")
 # Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.base import register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.fedavg import FedAvg
 from fedtsp.algorithms.fedbabu import FedBABU
 from fedtsp.algorithms.fedfa import FedFA, FedFAOptions
 from fedtsp.algorithms.fedtsp import FedTSP, FedTSPOptions
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
 
 _FT_TAG = 0xF7
 

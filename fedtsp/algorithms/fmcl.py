@@ -2,9 +2,9 @@
 
 Each client embeds its training images once with a frozen image encoder
 (`fedtsp.models.image_encoders`) and sends, with its first upload, its signature: the mean
-embedding and the sample count of every class it holds (`fedtsp.clustering.signatures`).
+embedding and the sample count of every class it holds (`fedtsp.algorithms.clustering.signatures`).
 The server computes client-to-client distances over shared classes, clusters the clients
-once (`fedtsp.clustering.oneshot`) and runs FedAvg inside each cluster from then on
+once (`fedtsp.algorithms.clustering.oneshot`) and runs FedAvg inside each cluster from then on
 (`fedtsp.algorithms.clusters`). Nothing else is communicated; the signature's bytes count
 in round 0's upload. FMCL has no public code: every choice its description leaves open is
 an option below, defaults documented in the modules named.
@@ -19,19 +19,19 @@ import numpy as np
 import torch
 
 from fedtsp.algorithms.base import Message, register
-from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
-from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
-from fedtsp.clustering.oneshot import cluster_clients
-from fedtsp.clustering.signatures import (
+from fedtsp.algorithms.clients import Client
+from fedtsp.algorithms.clustering.oneshot import cluster_clients
+from fedtsp.algorithms.clustering.signatures import (
     ClientSignature,
     EmbeddingCache,
     SignatureOptions,
     client_signature,
     signature_distances,
 )
+from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
+from fedtsp.algorithms.options import option
+from fedtsp.core.environment import cache_root
 from fedtsp.data import pixels
-from fedtsp.environment import cache_root
 from fedtsp.models.image_encoders import (
     FrozenImageEncoder,
     create_image_encoder,

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.base import register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     KL_REDUCTIONS,
@@ -40,7 +41,6 @@ from fedtsp.algorithms.shared_model import (
     distill_kl,
     set_training,
 )
-from fedtsp.clients import Client
 from fedtsp.models.families import ClientModel
 
 

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.clusters import ClusteredFedAvg
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
@@ -27,7 +28,6 @@ from fedtsp.algorithms.model_messages import (
 )
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import seeded
-from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import build_model
 
 PICK_KEY = "ifca.cluster"

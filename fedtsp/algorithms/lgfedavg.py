@@ -14,6 +14,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     head_message,
@@ -21,7 +22,6 @@ from fedtsp.algorithms.model_messages import (
     message_head,
     with_sample_count,
 )
-from fedtsp.clients import Client, ClientFacts
 
 
 @register

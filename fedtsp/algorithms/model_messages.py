@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from fedtsp.aggregation import fedavg, normalized_weights
+from fedtsp.algorithms.aggregation import fedavg, normalized_weights
 
 if TYPE_CHECKING:
-    from fedtsp.clients import Client
+    from fedtsp.algorithms.clients import Client
 
 Message = dict[str, Tensor]
 MODEL_PREFIX = "model."

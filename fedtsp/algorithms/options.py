@@ -21,7 +21,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from fedtsp.config import ConfigError
+from fedtsp.core.config import ConfigError
 
 Choices = Sequence[str] | Callable[[], Sequence[str]]
 _COMPARE = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}

@@ -3,7 +3,7 @@ clients' data subspaces, then FedAvg inside each cluster.
 
 Each client sends, with its first upload, an orthonormal basis of the span of the ``rank``
 leading left singular vectors of its data (per class, as the authors' code, or for all its
-data; `fedtsp.clustering.subspaces`). The server measures the principal angles between
+data; `fedtsp.algorithms.clustering.subspaces`). The server measures the principal angles between
 every two clients' subspaces, reduces them to a distance (``angle_statistic``, radians) and
 clusters the distance matrix with the same one-shot clustering as FMCL.
 """
@@ -16,11 +16,15 @@ import numpy as np
 import torch
 
 from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.clients import Client
+from fedtsp.algorithms.clustering.oneshot import cluster_clients
+from fedtsp.algorithms.clustering.subspaces import (
+    ANGLE_STATISTICS,
+    data_subspace,
+    subspace_distances,
+)
 from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client
-from fedtsp.clustering.oneshot import cluster_clients
-from fedtsp.clustering.subspaces import ANGLE_STATISTICS, data_subspace, subspace_distances
 from fedtsp.data import pixels
 
 

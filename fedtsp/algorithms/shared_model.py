@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.aggregation import WEIGHTINGS, fedavg, normalized_weights
+from fedtsp.algorithms.aggregation import WEIGHTINGS, fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, RunContext
+from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
 from fedtsp.algorithms.options import option
-from fedtsp.clients import Client, ClientFacts
 from fedtsp.models.families import ARCHITECTURES, ClientModel, build_model, client_architecture
 
 T = TypeVar("T")

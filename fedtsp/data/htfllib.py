@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from fedtsp.atomic import atomic_save
+from fedtsp.core.atomic import atomic_save
 from fedtsp.data.images import normalize
 from fedtsp.data.partition import Partition
 

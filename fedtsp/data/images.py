@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from fedtsp.errors import UserError
+from fedtsp.core.errors import UserError
 
 
 class DatasetNotFoundError(UserError, FileNotFoundError):

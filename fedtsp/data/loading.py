@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fedtsp.core.environment import cache_root, data_path
 from fedtsp.data.archives import DirTree, Tree, is_archive, open_archive
 from fedtsp.data.cache import (
     latest_cache_entry,
@@ -64,7 +65,6 @@ from fedtsp.data.cache import (
 from fedtsp.data.decoders import DECODERS, short_list, slug
 from fedtsp.data.images import DatasetFormatError, DatasetNotFoundError, ImageDataset
 from fedtsp.data.registry import DatasetInfo, dataset_info
-from fedtsp.environment import cache_root, data_path
 
 
 @dataclass

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fedtsp.errors import UserError
+from fedtsp.core.errors import UserError
 
 if TYPE_CHECKING:
     from fedtsp.data.images import ImageDataset

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedtsp.core.errors import UserError
 from fedtsp.data import (
     ImageDataset,
     dataset_info,
@@ -43,7 +44,6 @@ from fedtsp.data import (
     split_clients,
     stratified_subsample,
 )
-from fedtsp.errors import UserError
 
 __all__ = ["KINDS", "POPULATIONS", "Population", "PopulationSpec", "build_population"]
 

@@ -15,8 +15,10 @@ import numpy as np
 import torch
 
 from fedtsp.algorithms import Algorithm, RunContext
-from fedtsp.clients import Client
-from fedtsp.config import ConfigError, RunConfig
+from fedtsp.algorithms.clients import Client
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.paths import portable_path
+from fedtsp.core.seeding import rng_state, seed_everything
 from fedtsp.data import (
     ImageDataset,
     Partition,
@@ -25,10 +27,8 @@ from fedtsp.data import (
     stratified_subsample,
 )
 from fedtsp.data.populations import build_population
+from fedtsp.engine.runspec import data_names, population_spec
 from fedtsp.models.families import ClientModel, build_client_model
-from fedtsp.paths import portable_path
-from fedtsp.runspec import data_names, population_spec
-from fedtsp.seeding import rng_state, seed_everything
 
 # A run's loaded data: its dataset, or a population's datasets by name.
 Datasets = ImageDataset | dict[str, ImageDataset]

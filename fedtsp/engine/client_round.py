@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from fedtsp.algorithms.base import Algorithm, Message
-from fedtsp.clients import Client, ClientFacts, EvalResult, NonFiniteLossError
-from fedtsp.config import RunConfig
-from fedtsp.seeding import derive_seed, seed_everything, set_rng_state
+from fedtsp.algorithms.clients import Client, ClientFacts, EvalResult, NonFiniteLossError
+from fedtsp.core.config import RunConfig
+from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
 
 GlobalTest = tuple[torch.Tensor, torch.Tensor]
 TRAINING_STREAM = 1  # tells a client's training seed from its batch-order seed

@@ -25,10 +25,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedtsp.algorithms.base import Algorithm, Message
-from fedtsp.config import RunConfig
+from fedtsp.core.config import RunConfig
+from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
 from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
 from fedtsp.engine.messages import message_nbytes
-from fedtsp.seeding import derive_seed, seed_everything, set_rng_state
 
 PHASES = ("evaluate", "train", "upload", "server", "broadcast", "checkpoint")
 

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.config import RunConfig
-from fedtsp.results import RECORD_VERSION, code_version, summarize_history
+from fedtsp.core.config import RunConfig
+from fedtsp.core.results import RECORD_VERSION, code_version, summarize_history
 
 KIND = "federated"  # the "kind" of these records in a run store
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from fedtsp.errors import UserError
+from fedtsp.core.errors import UserError
 
 __all__ = [
     "IMAGE_ENCODERS",

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from fedtsp.errors import UserError
+from fedtsp.core.errors import UserError
 
 __all__ = [
     "TEXT_ENCODERS",

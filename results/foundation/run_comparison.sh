@@ -14,5 +14,5 @@ for seed in 0 1; do
       --out runs --no-progress --resume
   done
 done
-python -m fedtsp.report runs --group algorithm > comparison.md
+python -m fedtsp.paper.report runs --group algorithm > comparison.md
 cat comparison.md

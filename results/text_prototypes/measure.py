@@ -19,12 +19,11 @@ matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fedtsp.core.results import code_version  # noqa: E402
 from fedtsp.data import dataset_info  # noqa: E402
-from fedtsp.descriptions import class_prompts  # noqa: E402
 from fedtsp.models.prompts import PromptLearner  # noqa: E402
 from fedtsp.models.text import build_text_encoder  # noqa: E402
-from fedtsp.results import code_version  # noqa: E402
-from fedtsp.semantics import (  # noqa: E402
+from fedtsp.paper.semantics import (  # noqa: E402
     group_ids,
     plot_similarity_heatmap,
     prototype_similarity,
@@ -32,6 +31,7 @@ from fedtsp.semantics import (  # noqa: E402
     semantic_gap,
     wordnet_similarity,
 )
+from fedtsp.text.descriptions import class_prompts  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DATASETS = ("cifar10", "cifar100")

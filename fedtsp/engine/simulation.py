@@ -1,0 +1,252 @@
+"""The in-process federated simulator: every client's data and model live in memory.
+
+The round itself is the engine's (:class:`fedtsp.engine.loop.RoundLoop`); this module is
+its in-process transport: the client halves run here, phase by phase over all clients
+(set-up; then evaluate all, train all, upload all), on a client-side copy of the method
+that shares nothing with the server's copy but messages. A checkpoint is written after every round;
+the random state of round t is derived from (seed, t) alone, so a resumed run continues
+exactly as an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
+from fedtsp.algorithms.clients import Client
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.results import RunStore
+from fedtsp.data import ImageDataset, device_images
+from fedtsp.engine import runspec
+from fedtsp.engine.build import (
+    ClientData,
+    Datasets,
+    client_data,
+    data_identity,
+    initial_models,
+    load_datasets,
+    make_client,
+    resolve_feature_dim,
+    run_context,
+)
+from fedtsp.engine.client_round import (
+    ClientReply,
+    RoundWork,
+    evaluate_client,
+    receive_client,
+    set_up_client,
+    train_client,
+    upload_client,
+)
+from fedtsp.engine.loop import RoundLoop, checkpoint_due, set_up_server, setup_bytes
+from fedtsp.engine.record import federated_record
+from fedtsp.engine.runspec import check_run
+
+log = logging.getLogger("fedtsp")
+
+
+@dataclass
+class PreparedRun:
+    """Everything built before round 0; exposed so tests and notebooks can inspect it.
+
+    ``algorithm`` is the method's server half, ``client_algorithm`` the copy every client
+    hook runs on: they share only the messages the engine passes between them.
+    """
+
+    config: RunConfig
+    key: str
+    data: ClientData
+    clients: list[Client]
+    algorithm: Algorithm
+    client_algorithm: Algorithm
+    first_broadcast: Message | None
+    global_test: tuple[torch.Tensor, torch.Tensor] | None
+    setup: dict[str, float]  # the set-up messages' bytes (engine.loop.setup_bytes)
+
+    def loop(self) -> RoundLoop:
+        return RoundLoop(
+            self.algorithm, InProcess(self), self.config, [c.index for c in self.clients]
+        )
+
+
+class InProcess:
+    """The simulator's transport: every client half runs here, phase by phase."""
+
+    def __init__(self, run: PreparedRun) -> None:
+        self.run = run
+
+    def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
+        run, algo = self.run, self.run.client_algorithm
+        model_before = [c.model_seconds for c in run.clients]
+        replies = {}
+        for client in run.clients:
+            client.round = work.round
+            replies[client.index] = evaluate_client(algo, client, work, run.global_test)
+        if work.train:
+            for client in run.clients:
+                train_client(algo, client, run.config, replies[client.index])
+            for client in run.clients:
+                upload_client(algo, client, replies[client.index])
+        for client, before in zip(run.clients, model_before, strict=True):
+            replies[client.index].timings["model"] = client.model_seconds - before
+        return replies
+
+    def deliver(self, messages: dict[int, Message]) -> float:
+        return sum(
+            receive_client(self.run.client_algorithm, c, messages[c.index])
+            for c in self.run.clients
+            if c.index in messages
+        )
+
+
+def run_key(config: RunConfig, dataset: Datasets) -> str:
+    """The run's identity: its full config plus the exact data it trains on (``dataset``:
+    the run's dataset, or for a population its datasets by name)."""
+    datasets = dataset if isinstance(dataset, dict) else {config.dataset: dataset}
+    return runspec.run_key(config, data_identity(config, datasets))
+
+
+def prepare(
+    config: RunConfig, data: str | Path | None = None, dataset: Datasets | None = None
+) -> PreparedRun:
+    check_run(config)
+    algorithm_cls = get_algorithm(config.algorithm)
+    options = resolve_options(config.algorithm, config.algo_options)
+    feature_dim = resolve_feature_dim(config, algorithm_cls, options)
+    datasets = load_datasets(config, data, dataset)
+    key = run_key(config, datasets)
+    device = torch.device(config.device)
+    cdata = client_data(config, datasets)
+
+    def tensors(arrays: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        x = device_images(arrays[0], device, config.channels_last)
+        return x, torch.from_numpy(arrays[1]).long().to(device)
+
+    classes = len(cdata.class_names)
+    models, rng = initial_models(config, classes, feature_dim, cdata.channels, cdata.image_size)
+    clients = [
+        make_client(config, i, model, tensors(cdata.train[i]), tensors(cdata.test[i]), classes)
+        for i, model in enumerate(models)
+    ]
+    ctx = run_context(config, cdata.class_names, feature_dim, cdata.groups)
+    client_algorithm = algorithm_cls(options, ctx)
+    replies = {c.index: set_up_client(client_algorithm, c, config, rng) for c in clients}
+    algorithm = algorithm_cls(options, ctx)
+    first = set_up_server(algorithm, replies, rng)
+    global_test = None if cdata.global_test is None else tensors(cdata.global_test)
+    return PreparedRun(
+        config,
+        key,
+        cdata,
+        clients,
+        algorithm,
+        client_algorithm,
+        first,
+        global_test,
+        setup_bytes(replies, first),
+    )
+
+
+def _save_checkpoint(store: RunStore, run: PreparedRun, round_index: int, history: list) -> None:
+    state = {
+        "round": round_index,
+        "clients": [c.state_dict() for c in run.clients],
+        "algorithm": run.algorithm.state_dict(),
+        "history": history,
+    }
+    store.save_checkpoint(run.key, state)
+
+
+def _load_checkpoint(store: RunStore, run: PreparedRun) -> tuple[int, list]:
+    state = store.load_checkpoint(run.key, run.config.device)
+    for client, saved in zip(run.clients, state["clients"], strict=True):
+        client.load_state_dict(saved)
+    run.algorithm.load_state_dict(state["algorithm"])
+    return state["round"], state["history"]
+
+
+def run_experiment(
+    config: RunConfig,
+    *,
+    data: str | Path | None = None,
+    out: str | Path = "runs",
+    resume: bool = False,
+    force: bool = False,
+    progress: bool = True,
+    dataset: ImageDataset | None = None,
+    stop_after: int | None = None,
+    checkpoint_every: int = 1,
+) -> dict[str, Any]:
+    """Run (or fetch from the store) one federated experiment and return its record.
+
+    A checkpoint is written every ``checkpoint_every`` rounds (large families on fast
+    devices may prefer fewer writes); a resumed run repeats at most that many rounds and
+    still ends identical, because each round's randomness depends only on (seed, round).
+
+    ``stop_after`` ends the process-equivalent of an interruption after that many rounds
+    (the checkpoint stays; used by tests and for chunked runs).
+    """
+    wall_start = time.perf_counter()
+    if checkpoint_every < 1:
+        raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
+    check_run(config)
+    datasets = load_datasets(config, data, dataset)
+    store = RunStore(out)
+    cached = store.load(run_key(config, datasets))
+    if cached is not None and not force:
+        log.info("run %s found in %s; reusing it (force=True reruns)", cached["key"], out)
+        cached["cache_hit"] = True
+        return cached
+    run = prepare(config, dataset=datasets)
+    loop = run.loop()
+    ckpt_path = store.checkpoint_path(run.key)
+    history: list[dict[str, Any]] = []
+    start_round = 0
+    if ckpt_path.exists() and not force:
+        if not resume:
+            store.refuse_unfinished(run.key)
+        done, history = _load_checkpoint(store, run)
+        start_round = done + 1
+        log.info("resuming run %s after round %d", run.key, done)
+    else:
+        loop.start(run.first_broadcast)
+
+    cfg = run.config
+    stop = cfg.rounds + 1 if stop_after is None else min(stop_after, cfg.rounds + 1)
+
+    def checkpoint(t: int, row: dict[str, Any]) -> None:
+        if checkpoint_due(cfg, t, checkpoint_every, stop_after):
+            start = time.perf_counter()
+            _save_checkpoint(store, run, t, history)
+            row["timings"]["checkpoint"] = time.perf_counter() - start
+
+    desc = f"{cfg.algorithm} {cfg.dataset}"
+    loop.run(start_round, stop, history, checkpoint, progress=progress, desc=desc)
+    if stop <= cfg.rounds:
+        return {"key": run.key, "interrupted_after_round": stop - 1, "history": history}
+
+    record = federated_record(
+        key=run.key,
+        status="complete",
+        config=cfg,
+        algo_options=run.algorithm.opts,
+        feature_dim=run.algorithm.ctx.feature_dim,
+        dataset=run.data.description,
+        partition=run.data.stats,
+        history=history,
+        wall_seconds=time.perf_counter() - wall_start,
+        server=run.algorithm.record_extras(),
+        setup=run.setup,
+    )
+    produced = run.algorithm.artifacts() | run.client_algorithm.analysis_artifacts(run.clients)
+    artifacts = {k: v.detach().cpu().float().numpy() for k, v in produced.items()}
+    store.save(record, artifacts)
+    ckpt_path.unlink(missing_ok=True)
+    return record

@@ -1,0 +1,138 @@
+"""Reproduction profiles (smoke / cpu / paper) read from the versioned `profiles.toml`.
+
+A profile fixes the scale of every notebook: where the data comes from, the seeds, the
+RunConfig fields shared by all runs (`base`) and each notebook's own parameters. The
+batch runner injects `notebook_parameters(profile, notebook)` into the notebook's
+"parameters" cell; the notebook itself never reads this file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.engine.runspec import check_run
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+PROFILES_FILE = Path(__file__).with_name("profiles.toml")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    about: str
+    data: str
+    seeds: list[int]
+    workers: int
+    base: dict[str, Any]
+    notebooks: dict[str, dict[str, Any]]
+    synthetic_per_class: int = 12
+    # What the profile leaves out on purpose (item -> why): reported as planned, not partial.
+    planned_skips: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _read(path: Path = PROFILES_FILE) -> dict[str, Any]:
+    with open(path, "rb") as fh:
+        return tomllib.load(fh)
+
+
+def method_specs(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:
+    """Method label -> {"algorithm": name, **options}, shared by every profile."""
+    return {label: dict(spec) for label, spec in _read(path)["methods"].items()}
+
+
+def profile_names(path: Path = PROFILES_FILE) -> list[str]:
+    return [name for name in _read(path) if name != "methods"]
+
+
+def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
+    """The profile `name`, checked: its base config validates and its methods exist."""
+    raw = _read(path)
+    names = [n for n in raw if n != "methods"]
+    if name not in names:
+        raise ConfigError(f"unknown profile {name!r}; choose one of {', '.join(names)}")
+    section = dict(raw[name])
+    try:
+        base = section.pop("base", {})
+        # Device availability is checked when a run starts, so that e.g. the GPU profile can
+        # be read (and its runs planned) on a CPU machine.
+        check_run(RunConfig.from_dict({**base, "device": "cpu"}))
+        profile = Profile(
+            name=name,
+            about=" ".join(str(section.pop("about")).split()),
+            data=str(section.pop("data")),
+            seeds=[int(s) for s in section.pop("seeds")],
+            workers=int(section.pop("workers", 1)),
+            base=base,
+            notebooks=section.pop("notebooks", {}),
+            synthetic_per_class=int(section.pop("synthetic_per_class", 12)),
+            planned_skips={str(k): str(v) for k, v in section.pop("planned_skips", {}).items()},
+            extra=section,
+        )
+    except KeyError as exc:
+        raise ConfigError(f"profile {name!r} in {path} lacks the field {exc.args[0]!r}") from None
+    known = method_specs(path)
+    for notebook, params in profile.notebooks.items():
+        # A notebook's own `base` fields go on top of the profile's (one notebook, e.g.
+        # Table 3, may need more local training than the rest).
+        if "base" in params:
+            params["base"] = {**base, **params["base"]}
+            try:
+                check_run(RunConfig.from_dict({**params["base"], "device": "cpu"}))
+            except ConfigError as exc:
+                raise ConfigError(f"profile {name!r}, notebook {notebook}: base: {exc}") from None
+        for key in ("methods", "hetero_methods"):
+            unknown = [m for m in params.get(key, []) if m not in known]
+            if unknown:
+                raise ConfigError(
+                    f"profile {name!r}, notebook {notebook}: unknown method label(s) "
+                    f"{', '.join(unknown)}; defined in [methods]: {', '.join(known)}"
+                )
+    return profile
+
+
+def notebook_parameters(
+    profile: str | Profile,
+    notebook: str,
+    results_root: str | Path = "results",
+    relative_to: str | Path | None = None,
+) -> dict[str, Any]:
+    """Everything papermill injects into `notebook` at `profile` (JSON-serialisable).
+
+    Run records go to `<results_root>/<profile>/runs`, tables and figures next to them;
+    with `relative_to` (the notebook's working folder) those two paths are given relative
+    to it, so that the executed copy holds no absolute path of this machine.
+    """
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    if notebook not in prof.notebooks:
+        raise ConfigError(
+            f"profile {prof.name!r} has no parameters for notebook {notebook!r}; "
+            f"it defines: {', '.join(prof.notebooks)}"
+        )
+    return {
+        "profile": prof.name,
+        "about": prof.about,
+        "data": prof.data,
+        "workers": prof.workers,
+        "synthetic_per_class": prof.synthetic_per_class,
+        "seeds": list(prof.seeds),
+        "base": dict(prof.base),  # replaced by the notebook's merged base where it has one
+        "method_options": dict(prof.extra.get("method_options", {})),
+        "planned_skips": dict(prof.planned_skips),
+        "store": _path(Path(results_root).resolve() / prof.name / "runs", relative_to),
+        "results_dir": _path(Path(results_root).resolve() / prof.name, relative_to),
+        **prof.notebooks[notebook],
+    }
+
+
+def _path(path: Path, relative_to: str | Path | None) -> str:
+    return str(path) if relative_to is None else os.path.relpath(path, Path(relative_to).resolve())
