@@ -10,7 +10,7 @@ from conftest import assert_uploads_training_means, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
-from fedtsp.algorithms.model_messages import message_head
+from fedtsp.algorithms.model_messages import HEAD_KEYS, message_head
 from fedtsp.core.config import ConfigError
 from fedtsp.core.results import RunStore
 from fedtsp.engine.simulation import prepare, run_experiment
@@ -38,8 +38,8 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
         algo.receive(client, run.first_broadcast)
     assert run.clients[0].state.label_counts is None  # no untrained generator is used
     uploads = _local_round(run, epochs=2)
-    weight = torch.stack([u["head_weight"] for u in uploads])
-    bias = torch.stack([u["head_bias"] for u in uploads])
+    weight = torch.stack([message_head(u)[0] for u in uploads])
+    bias = torch.stack([message_head(u)[1] for u in uploads])
     counts = torch.stack([u["counts"] for u in uploads]).float()
     share = counts / counts.sum(0)  # each head's share of each class (ensemble weights)
     labels = torch.arange(C).repeat(30)
@@ -82,7 +82,7 @@ def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
         algo.receive(client, run.first_broadcast)
     assert run.clients[0].state.label_counts is not None  # random generator used from round 0
     broadcast = algo.server_step(_local_round(run), 0)
-    assert set(broadcast) == {"head_weight", "head_bias"}  # nothing about the generator
+    assert set(broadcast) == set(HEAD_KEYS)  # nothing about the generator
     for key, value in algo.generator.state_dict().items():
         assert torch.equal(value, initial[key])
 

@@ -76,7 +76,7 @@ def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
     torch.manual_seed(0)
     algo.setup([], {})
     broadcast = algo.server_step([up_a, up_b], 0)
-    assert algo.margin == pytest.approx(math.sqrt(37), rel=1e-6)
+    assert algo.metrics["margin"] == pytest.approx(math.sqrt(37), rel=1e-6)
     metrics = algo.round_metrics()
     # 100 server epochs on the four uploaded prototypes: the loss falls within the round.
     assert metrics["server_loss_last"] < 0.9 * metrics["server_loss_first"]

@@ -120,3 +120,17 @@ def test_the_readme_shows_the_committed_before_and_after_table():
     assert lines[0] == "| measure | before (aaa) | after (bbb) |"
     assert "| round loops | 5 | 1 |" in lines
     assert "| module-level imports of a higher layer | not measured | 0 |" in lines
+
+
+def test_option_lines_count_only_the_options_classes_code():
+    source = (
+        "import x\n\n"
+        "@dataclass\nclass FedXOptions:\n"
+        '    """Docstring: not code."""\n\n'
+        "    lam: float = option(1.0, 'weight')  # a comment\n"
+        "    tau: float = option(\n        0.5, 'temperature'\n    )\n\n"
+        "class FedX:\n    name = 'x'\n"
+    )
+    # The decorator sits outside the class node; the class line, lam (1) and tau (3) count.
+    assert cm.option_lines(source) == 5
+    assert cm.option_lines("class FedX:\n    pass\n") == 0

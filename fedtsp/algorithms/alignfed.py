@@ -113,6 +113,7 @@ class AlignFedState:
 @register
 class AlignFed(Algorithm):
     name = "alignfed"
+    server_state = ("anchors", "head")
     Options = AlignFedOptions
     State = AlignFedState
     revision = 1
@@ -183,10 +184,3 @@ class AlignFed(Algorithm):
 
     def artifacts(self) -> dict[str, Tensor]:
         return {"global_prototypes": self.anchors}
-
-    def state_dict(self) -> dict:
-        return {"anchors": self.anchors, "head": self.head}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.anchors = state["anchors"]
-        self.head = state["head"]

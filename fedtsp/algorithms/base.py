@@ -122,6 +122,7 @@ class Algorithm:
     def __init__(self, options: Any, ctx: RunContext) -> None:
         self.opts = options
         self.ctx = ctx
+        self.metrics: dict[str, Any] = {}  # the server's scalars for this round's history
 
     # ---- sizing -------------------------------------------------------------------
     @classmethod
@@ -202,8 +203,9 @@ class Algorithm:
         return dict.fromkeys(client_ids, broadcast)
 
     def round_metrics(self) -> dict[str, float]:
-        """Scalars the server wants in this round's history (e.g. its own loss)."""
-        return {}
+        """Scalars the server wants in this round's history (e.g. its own loss): by default
+        what its hooks put in ``self.metrics``."""
+        return dict(self.metrics)
 
     def artifacts(self) -> dict[str, Tensor]:
         """Tensors worth keeping with the run record (e.g. global class prototypes)."""

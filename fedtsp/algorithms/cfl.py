@@ -63,6 +63,7 @@ def _flat(message: Message) -> torch.Tensor:
 @register
 class CFL(ClusteredFedAvg):
     name = "cfl"
+    server_state = (*ClusteredFedAvg.server_state, "last_split", "splits", "ratios")
     Options = CFLOptions
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
@@ -112,7 +113,3 @@ class CFL(ClusteredFedAvg):
 
     def record_extras(self) -> dict[str, Any]:
         return super().record_extras() | {"splits": self.splits}
-
-    def state_dict(self) -> dict[str, Any]:
-        keep = ("last_split", "splits", "ratios")
-        return super().state_dict() | {name: getattr(self, name) for name in keep}

@@ -57,6 +57,7 @@ class ClusteredFedAvg(Algorithm):
     settings = ("pfl",)
     State = ClusterClientState
     start_from = "model"
+    server_state = ("start", "models", "assignment", "diagnostics")
     communicates = True  # False: Local, nothing is sent
 
     # ---- server half ------------------------------------------------------------------
@@ -97,14 +98,6 @@ class ClusteredFedAvg(Algorithm):
     def record_extras(self) -> dict[str, Any]:
         found = None if self.assignment is None else self.assignment.tolist()
         return {"assignment": found, "clustering": self.diagnostics}
-
-    def state_dict(self) -> dict[str, Any]:
-        keep = ("start", "models", "assignment", "diagnostics")
-        return {name: getattr(self, name) for name in keep}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for name, value in state.items():
-            setattr(self, name, value)
 
     # ---- client half --------------------------------------------------------------------
     def upload(self, client: Client) -> Message:

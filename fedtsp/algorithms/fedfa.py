@@ -56,6 +56,7 @@ class FedFAOptions:
 @register
 class FedFA(FedAvg):
     name = "fedfa"
+    server_state = ("anchors", "has_anchor")
     Options = FedFAOptions
     State = ClassTargets
 
@@ -107,9 +108,3 @@ class FedFA(FedAvg):
 
     def artifacts(self) -> dict[str, Tensor]:
         return {"global_prototypes": self.anchors}
-
-    def state_dict(self) -> dict:
-        return {"anchors": self.anchors, "has_anchor": self.has_anchor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.anchors, self.has_anchor = state["anchors"], state["has_anchor"]

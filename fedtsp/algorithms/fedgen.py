@@ -47,9 +47,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from fedtsp.algorithms.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.model_messages import average_heads, load_head, message_head
+from fedtsp.algorithms.model_messages import (
+    HEAD_KEYS,
+    head_message,
+    load_model_message,
+    message_head,
+)
 from fedtsp.algorithms.options import option
 
 _GEN = "gen."  # prefix of the generator's tensors in a broadcast
@@ -145,7 +151,7 @@ class FedGen(Algorithm):
         "label_counts",
         "feature_norm",
         "global_protos",
-        "last",
+        "metrics",
     )
 
     def init_client(self, client: Client) -> FedGenState:
@@ -158,22 +164,16 @@ class FedGen(Algorithm):
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
         self.generator = self._new_generator()
-        self.global_head: dict[str, Tensor] | None = None
+        self.global_head: Message | None = None  # a head message (model_messages.HEAD_KEYS)
         self.label_counts: Tensor | None = None
         self.feature_norm: Tensor | None = None  # trained generator only (see the docstring)
         self.global_protos: Tensor | None = None
-        self.last: dict[str, float] = {
-            "generator_loss": float("nan"),
-            "generator_acc": float("nan"),
-        }
+        if not opts.frozen_generator:
+            self.metrics = dict.fromkeys(("generator_loss", "generator_acc"), float("nan"))
         first: Message = {}
         if opts.share_head:  # one common starting head, like the authors' round-0 broadcast
-            weight, bias = message_head(uploads[0])
-            self.global_head = {"weight": weight.float(), "bias": bias.float()}
-            first |= {
-                "head_weight": self.global_head["weight"],
-                "head_bias": self.global_head["bias"],
-            }
+            self.global_head = uploads[0]
+            first |= self.global_head
         if opts.frozen_generator:
             self.label_counts = torch.tensor([f.class_counts for f in facts]).sum(0)
             first |= self._generator_message()
@@ -208,12 +208,7 @@ class FedGen(Algorithm):
         return self.opts.gen_weight * F.cross_entropy(out.float(), labels)
 
     def upload(self, client: Client) -> Message:
-        head = client.model.head
-        out = {
-            "head_weight": head.weight.detach().float(),
-            "head_bias": head.bias.detach().float(),
-            "counts": client.class_counts(),
-        }
+        out = head_message(client.model) | {"counts": client.class_counts()}
         if not self.opts.frozen_generator:  # mean real-feature norm of this round's training
             state = client.state
             count, total = state.norm_count, state.norm_sum
@@ -223,8 +218,7 @@ class FedGen(Algorithm):
         return out
 
     def receive(self, client: Client, broadcast: Message) -> None:
-        if "head_weight" in broadcast:
-            load_head(client, broadcast["head_weight"], broadcast["head_bias"])
+        load_model_message(client.model, broadcast)  # the averaged head, if one came
         if "label_counts" in broadcast:
             weights = {k[len(_GEN) :]: v for k, v in broadcast.items() if k.startswith(_GEN)}
             client.state.generator.load_state_dict(weights)
@@ -235,16 +229,15 @@ class FedGen(Algorithm):
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
         device = self.ctx.device
-        weight = torch.stack([u["head_weight"] for u in uploads]).to(device)  # (K, C, d)
-        bias = torch.stack([u["head_bias"] for u in uploads]).to(device)  # (K, C)
+        heads = [message_head(u) for u in uploads]
+        weight = torch.stack([w for w, _ in heads]).to(device)  # (K, C, d)
+        bias = torch.stack([b for _, b in heads]).to(device)  # (K, C)
         counts = torch.stack([u["counts"] for u in uploads]).to(device).float()  # (K, C)
         broadcast: Message = {}
-        if self.opts.share_head:
-            self.global_head = average_heads(counts.sum(1), weight, bias)
-            broadcast |= {
-                "head_weight": self.global_head["weight"],
-                "head_bias": self.global_head["bias"],
-            }
+        if self.opts.share_head:  # sample-weighted (FedAvg) mean of the heads
+            sizes = normalized_weights(counts.sum(1).tolist())
+            self.global_head = fedavg(uploads, sizes, HEAD_KEYS)
+            broadcast |= self.global_head
         if not self.opts.frozen_generator:
             self.label_counts = counts.sum(0).long().cpu()
             seen = torch.stack([u["norm_count"] for u in uploads]).to(device)
@@ -281,7 +274,7 @@ class FedGen(Algorithm):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        self.last = {
+        self.metrics = {
             "generator_loss": float(loss.detach()),
             "generator_acc": float((logits.argmax(1) == labels).float().mean()),
         }
@@ -296,13 +289,10 @@ class FedGen(Algorithm):
         out.index_add_(0, labels, feats)
         return out / _PROTO_SAMPLES
 
-    def round_metrics(self) -> dict[str, float]:
-        return {} if self.opts.frozen_generator else dict(self.last)
-
     def artifacts(self) -> dict[str, Tensor]:
         out: dict[str, Tensor] = {}
         if self.global_protos is not None:
             out["global_prototypes"] = self.global_protos
         if self.global_head is not None:
-            out["global_head"] = self.global_head["weight"]
+            out["global_head"] = message_head(self.global_head)[0]
         return out

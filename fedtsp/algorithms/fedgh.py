@@ -54,7 +54,6 @@ class FedGH(Algorithm):
         self.head = nn.Linear(weight.shape[1], weight.shape[0]).to(self.ctx.device)
         self.head.load_state_dict({"weight": weight, "bias": bias})
         self.class_means: Tensor | None = None
-        self.metrics: dict[str, float] = {}
         return self._broadcast()
 
     def _broadcast(self) -> Message:
@@ -100,9 +99,6 @@ class FedGH(Algorithm):
             "proto_acc_after": acc_after,
         }
         return self._broadcast()
-
-    def round_metrics(self) -> dict[str, float]:
-        return self.metrics
 
     def artifacts(self) -> dict[str, Tensor]:
         out = {

@@ -151,7 +151,7 @@ class FedKD(SharedModelMethod):
     Options = FedKDOptions
     State = FedKDState
     revision = 1
-    server_state = ("last_metrics",)
+    server_state = ("metrics",)
 
     def init_client(self, client: Client) -> FedKDState:
         mentee = self.new_shared_model(client.facts())
@@ -164,7 +164,6 @@ class FedKD(SharedModelMethod):
         initial = shared_weights(self.new_shared_model(facts[0]))
         self.shapes = {name: t.shape for name, t in initial.items()}
         self.dense_bytes = sum(t.numel() * t.element_size() for t in initial.values())
-        self.last_metrics: dict[str, float] = {}
 
     def client_parameters(self, client: Client) -> list[Any]:
         # Parameter groups: the mentee has its own learning rate.
@@ -215,7 +214,7 @@ class FedKD(SharedModelMethod):
         mean = fedavg(updates, client_weights(uploads, self.opts.weighting), list(self.shapes))
         broadcast = encode_update(mean, self._energy_or_none(round_index))
         up = sum(message_bytes(u) for u in uploads) / len(uploads)
-        self.last_metrics = {
+        self.metrics = {
             "svd_energy": self.energy(round_index) if self.opts.compress else 1.0,
             "upload_ratio": up / self.dense_bytes,
             "download_ratio": message_bytes(broadcast) / self.dense_bytes,
@@ -228,6 +227,3 @@ class FedKD(SharedModelMethod):
         for name, delta in update.items():
             reference[name] = reference[name] + delta.to(reference[name].device)
         load_shared_weights(client.state.shared, reference)
-
-    def round_metrics(self) -> dict[str, float]:
-        return dict(self.last_metrics)

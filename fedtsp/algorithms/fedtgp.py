@@ -83,15 +83,15 @@ class FedTGP(Algorithm):
     name = "fedtgp"
     Options = FedTGPOptions
     State = ClassTargets
-    server_state = ("generator", "global_protos", "margin", "loss_first", "loss_last")
+    server_state = ("generator", "global_protos", "metrics")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
         self.generator = TrainablePrototypes(self.ctx.num_classes, self.ctx.feature_dim).to(
             self.ctx.device
         )
         self.global_protos: Tensor | None = None
-        self.margin = float("nan")
-        self.loss_first = self.loss_last = float("nan")
+        names = ("server_loss_first", "server_loss_last", "margin")
+        self.metrics = dict.fromkeys(names, float("nan"))
 
     # ---- client side ----------------------------------------------------------------
     def local_loss(
@@ -121,7 +121,7 @@ class FedTGP(Algorithm):
         protos, labels, means, held = unweighted_class_means(
             uploads, self.ctx.num_classes, self.ctx.device
         )
-        self.margin = adaptive_margin(means, held > 0, self.opts.margin_cap)
+        margin = adaptive_margin(means, held > 0, self.opts.margin_cap)
 
         # Plain SGD keeps no state, so a fresh optimiser per round is exact on resume.
         optimizer = torch.optim.SGD(self.generator.parameters(), lr=self.opts.server_lr)
@@ -133,7 +133,7 @@ class FedTGP(Algorithm):
                 torch.randperm(labels.shape[0]).to(labels.device).split(self.opts.server_batch)
             ):
                 dist = _euclidean(protos[idx], self.generator())
-                dist = dist + self.margin * F.one_hot(labels[idx], self.ctx.num_classes)
+                dist = dist + margin * F.one_hot(labels[idx], self.ctx.num_classes)
                 loss = F.cross_entropy(-dist, labels[idx])
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -141,18 +141,15 @@ class FedTGP(Algorithm):
                 total += float(loss.detach()) * idx.shape[0]
                 seen += idx.shape[0]
             epoch_losses.append(total / seen)
-        self.loss_first, self.loss_last = epoch_losses[0], epoch_losses[-1]
+        self.metrics = {
+            "server_loss_first": epoch_losses[0],
+            "server_loss_last": epoch_losses[-1],
+            "margin": margin,
+        }
         self.generator.eval()
         with torch.no_grad():
             self.global_protos = self.generator().detach()
         return {"protos": self.global_protos}
-
-    def round_metrics(self) -> dict[str, float]:
-        return {
-            "server_loss_first": self.loss_first,
-            "server_loss_last": self.loss_last,
-            "margin": self.margin,
-        }
 
     def artifacts(self) -> dict[str, Tensor]:
         return {} if self.global_protos is None else {"global_prototypes": self.global_protos}

@@ -72,12 +72,6 @@ def average_model_messages(uploads: Sequence[Message]) -> dict[str, Tensor]:
     return fedavg(uploads, weights, keys)
 
 
-def average_heads(sizes: Tensor, weight: Tensor, bias: Tensor) -> dict[str, Tensor]:
-    """Sample-weighted mean (FedAvg) of K heads: ``weight`` (K, C, d), ``bias`` (K, C)."""
-    heads = [{"weight": w, "bias": b} for w, b in zip(weight, bias, strict=True)]
-    return fedavg(heads, normalized_weights(sizes.tolist()))
-
-
 @torch.no_grad()
 def load_head(client: Client, weight: Tensor, bias: Tensor) -> None:
     """Overwrite the client's head in place (its optimiser keeps the same parameter objects)."""
