@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from fedtsp import __version__
 from fedtsp.core.atomic import atomic_save, atomic_write_bytes
 from fedtsp.core.errors import UserError
 
@@ -64,8 +65,6 @@ def code_version() -> dict[str, Any]:
     or pyproject.toml (HEAD when history is missing); `git_dirty` whether those paths differ
     from it.
     """
-    from fedtsp import __version__
-
     repo = Path(__file__).resolve().parents[2]
     info: dict[str, Any] = {"package_version": __version__, "git_commit": None, "git_dirty": None}
     commit = _git(["log", "-1", "--format=%H", "--", *CODE_PATHS], repo) or _git(
