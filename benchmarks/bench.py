@@ -37,7 +37,13 @@ from fedtsp.models.families import build_model, count_parameters, resolve_family
 
 
 def train_speed(
-    arch: str, batch: int, steps: int, channels_last: bool | None, device: str, warmup: int = 2
+    arch: str,
+    batch: int,
+    steps: int,
+    channels_last: bool | None,
+    device: str,
+    warmup: int = 2,
+    precision: str = "fp32",
 ) -> float:
     model = build_model(arch, num_classes=10, feature_dim=512).to(device)
     model.train()
@@ -51,7 +57,9 @@ def train_speed(
             _sync(device)
             start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        with torch.autocast(x.device.type, torch.bfloat16, enabled=precision == "bf16"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
     _sync(device)
     return batch * steps / (time.perf_counter() - start)

@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--checkpoint-every",
         type=int,
-        default=1,
-        help="write a resumable checkpoint every k rounds",
+        default=None,
+        help="write a resumable checkpoint every k rounds (default: auto, as often as keeps "
+        "checkpoints near 1%% of the run's time)",
     )
     group.add_argument("--force", action="store_true", help="rerun even if the store has this run")
     group.add_argument("--no-progress", action="store_true", help="hide the progress bar")

@@ -374,3 +374,25 @@ def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_d
     default = prepare(tiny_config(algorithm=algorithm), dataset=tiny_data).algorithm.opts
     # FedTSP: the paper's Eq. 5 (a pass after training); FedProto: the authors' code.
     assert default.prototype_source == {"fedtsp": "pass", "fedproto": "training"}[algorithm]
+
+
+def test_auto_checkpoints_keep_their_cost_near_one_percent(monkeypatch):
+    from fedtsp.engine import loop
+
+    clock = [0.0]
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    config = tiny_config(rounds=10)
+    schedule = loop.CheckpointSchedule(config, None, stop_after=8)
+    assert schedule.due(0)  # the first round always saves: that measures the cost
+    clock[0] = 5.0
+    schedule.saved(2.0)  # a 2 s save: the next waits for 200 s of rounds
+    clock[0] = 204.9
+    assert not schedule.due(3)
+    clock[0] = 205.0
+    assert schedule.due(4)
+    assert schedule.due(7)  # stop_after=8 ends after round 7: saved there whatever the clock
+    assert not schedule.due(10)  # the closing evaluation never saves
+    every_three = loop.CheckpointSchedule(config, 3)
+    assert [t for t in range(11) if every_three.due(t)] == [2, 5, 8]
+    with pytest.raises(ConfigError, match="checkpoint_every=0"):
+        loop.CheckpointSchedule(config, 0)

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from fedtsp.algorithms.base import Algorithm, Message
-from fedtsp.core.config import RunConfig
+from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
 from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
 from fedtsp.engine.messages import message_nbytes
@@ -75,6 +75,42 @@ def checkpoint_due(
     a run is cut short on purpose (`stop_after` rounds); never after the closing round."""
     done = round_index + 1
     return round_index < config.rounds and (done % every == 0 or stop_after == done)
+
+
+# Auto checkpoints ("every" unset) keep their cost near this share of a run's wall time.
+CHECKPOINT_SHARE = 0.01
+
+
+class CheckpointSchedule:
+    """Which rounds end with a checkpoint.
+
+    ``every=k``: every k rounds. ``every=None`` (auto): after the first round, then as soon
+    as the rounds since the last save took 1 / CHECKPOINT_SHARE times that save's cost. Small
+    models are then saved every round; 20 HtFE2 models (2 s a save on 2 cores) every few
+    minutes. Either way a run cut short on purpose (``stop_after``) saves where it stops, and
+    a resumed run repeats the rounds since the last save and ends identical, because each
+    round's randomness is a function of (seed, round) alone.
+    """
+
+    def __init__(self, config: RunConfig, every: int | None, stop_after: int | None = None) -> None:
+        if every is not None and (isinstance(every, bool) or every < 1):
+            raise ConfigError(f"checkpoint_every={every} is invalid; must be >= 1 (or unset)")
+        self.config, self.every, self.stop_after = config, every, stop_after
+        self.cost = 0.0  # seconds the last save took
+        self.last = time.perf_counter()
+
+    def due(self, round_index: int) -> bool:
+        if self.every is not None:
+            return checkpoint_due(self.config, round_index, self.every, self.stop_after)
+        if round_index >= self.config.rounds:
+            return False
+        if self.stop_after == round_index + 1:
+            return True
+        return time.perf_counter() - self.last >= self.cost / CHECKPOINT_SHARE
+
+    def saved(self, seconds: float) -> None:
+        """Note a save that took ``seconds`` and ended now."""
+        self.cost, self.last = seconds, time.perf_counter()
 
 
 def round_work(config: RunConfig, round_index: int) -> RoundWork:

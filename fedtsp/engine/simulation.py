@@ -21,7 +21,7 @@ import torch
 
 from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
 from fedtsp.algorithms.clients import Client
-from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.config import RunConfig
 from fedtsp.core.results import RunStore
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine import runspec
@@ -45,7 +45,7 @@ from fedtsp.engine.client_round import (
     train_client,
     upload_client,
 )
-from fedtsp.engine.loop import RoundLoop, checkpoint_due, set_up_server, setup_bytes
+from fedtsp.engine.loop import CheckpointSchedule, RoundLoop, set_up_server, setup_bytes
 from fedtsp.engine.record import federated_record
 from fedtsp.engine.runspec import check_run
 
@@ -182,20 +182,19 @@ def run_experiment(
     progress: bool = True,
     dataset: ImageDataset | None = None,
     stop_after: int | None = None,
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
 ) -> dict[str, Any]:
     """Run (or fetch from the store) one federated experiment and return its record.
 
-    A checkpoint is written every ``checkpoint_every`` rounds (large families on fast
-    devices may prefer fewer writes); a resumed run repeats at most that many rounds and
-    still ends identical, because each round's randomness depends only on (seed, round).
+    A checkpoint is written every ``checkpoint_every`` rounds, or, unset, whenever that keeps
+    checkpoints near 1 % of the wall time (``engine.loop.CheckpointSchedule``); a resumed
+    run repeats the rounds since and still ends identical.
 
     ``stop_after`` ends the process-equivalent of an interruption after that many rounds
     (the checkpoint stays; used by tests and for chunked runs).
     """
     wall_start = time.perf_counter()
-    if checkpoint_every < 1:
-        raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
+    schedule = CheckpointSchedule(config, checkpoint_every, stop_after)
     check_run(config)
     datasets = load_datasets(config, data, dataset)
     store = RunStore(out)
@@ -222,10 +221,11 @@ def run_experiment(
     stop = cfg.rounds + 1 if stop_after is None else min(stop_after, cfg.rounds + 1)
 
     def checkpoint(t: int, row: dict[str, Any]) -> None:
-        if checkpoint_due(cfg, t, checkpoint_every, stop_after):
+        if schedule.due(t):
             start = time.perf_counter()
             _save_checkpoint(store, run, t, history)
             row["timings"]["checkpoint"] = time.perf_counter() - start
+            schedule.saved(row["timings"]["checkpoint"])
 
     desc = f"{cfg.algorithm} {cfg.dataset}"
     loop.run(start_round, stop, history, checkpoint, progress=progress, desc=desc)

@@ -51,6 +51,8 @@ import torchvision
 from torch import Tensor, nn
 from torchvision.models.resnet import BasicBlock
 
+from fedtsp.models.point_conv import use_point_convs
+
 __all__ = [
     "ARCHITECTURES",
     "FAMILIES",
@@ -445,7 +447,7 @@ def build_model(
         image_size=image_size,
     )
     backbone = ARCHITECTURES[key](in_channels=in_channels, image_size=image_size)
-    features = PooledFeatures(backbone, feature_dim)
+    features = PooledFeatures(use_point_convs(backbone), feature_dim)
     return ClientModel(features, nn.Linear(feature_dim, num_classes), key)
 
 
