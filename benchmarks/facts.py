@@ -13,6 +13,7 @@ import torch
 
 from fedtsp.core.paths import portable_path
 from fedtsp.core.results import code_version
+from fedtsp.engine.build import cpu_has_native_bf16
 
 
 def cpu_model() -> str:
@@ -26,23 +27,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def machine_facts(device: str = "cpu") -> dict[str, Any]:
     facts: dict[str, Any] = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "native_bf16": bool(cpu_flags() & {"avx512_bf16", "amx_bf16"}),
+        "native_bf16": cpu_has_native_bf16(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "device": device,
@@ -58,11 +49,15 @@ def command_line() -> str:
     return "python " + " ".join(words)
 
 
-def write_result(path: Path, payload: dict[str, Any], markdown: str) -> None:
+def write_result(
+    path: Path, payload: dict[str, Any], markdown: str, code: dict[str, Any] | None = None
+) -> None:
     """``path`` (JSON: the payload with command, code version and machine facts) and the
-    markdown table beside it, headed by the same facts."""
+    markdown table beside it, headed by the same facts. ``code``: the code version taken
+    when the measurement started (default: now), so that edits made while a long benchmark
+    runs are not credited to it."""
     facts = payload.setdefault("machine", machine_facts())
-    payload = {"command": command_line(), "code": code_version(), **payload}
+    payload = {"command": command_line(), "code": code or code_version(), **payload}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=1) + "\n")
     code = payload["code"]

@@ -35,6 +35,7 @@ from facts import machine_facts, write_result
 from htfllib_side_by_side import METHODS, base_config, export_split, run_htfllib
 
 from fedtsp.core.paths import REPO_ROOT
+from fedtsp.core.results import code_version
 from fedtsp.data import load_dataset
 from fedtsp.engine.simulation import run_experiment
 from fedtsp.models.families import resolve_family
@@ -69,12 +70,22 @@ def bf16_pays(probe: dict[str, dict[str, float]]) -> bool:
     return seconds["bf16"] < seconds["fp32"]
 
 
+def overhead(runs: list[dict[str, Any]]) -> float:
+    """Median share of a round that is neither model nor server time (fedtsp's own cost)."""
+    shares = [
+        (r["s_per_round"] - r["phases"]["model"] - r["phases"]["server"]) / r["s_per_round"]
+        for r in runs
+    ]
+    return statistics.median(shares)
+
+
 def table(result: dict[str, Any]) -> str:
     modes = result["modes"]
     has_htfllib = result["htfllib"] is not None
     head = ["method", "HtFLlib"] if has_htfllib else ["method"]
     head += [f"fedtsp {m} ({MODES[m]})" for m in modes]
     head += [f"{m} speed-up" for m in modes] if has_htfllib else []
+    head += [f"{m} overhead" for m in modes]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for label, res in result["methods"].items():
         cells = [label]
@@ -83,6 +94,7 @@ def table(result: dict[str, Any]) -> str:
         cells += [f"{res[m]['median']:.2f}" for m in modes]
         if has_htfllib:
             cells += [f"{res['htfllib']['median'] / res[m]['median']:.2f}x" for m in modes]
+        cells += [f"{100 * overhead(res[m]['runs']):.2f} %" for m in modes]
         lines.append("| " + " | ".join(cells) + " |")
     s = result["setting"]
     lines += [
@@ -90,7 +102,13 @@ def table(result: dict[str, Any]) -> str:
         f"Seconds per round, median of {s['repeats']} repeats (CIFAR-10 Dir(0.1), 20 clients, "
         f"fraction {s['fraction']}, HtFE2, 1 local epoch, batch 100, {s['rounds']} rounds).",
     ]
-    if not has_htfllib:
+    lines.append(
+        "Overhead: wall time minus model and server time, as a share of the round "
+        "(median over repeats)."
+    )
+    if has_htfllib:
+        lines.append(f"HtFLlib at commit {result['htfllib']}, run by its own `main.py`.")
+    else:
         lines.append("HtFLlib not run: no --htfllib checkout was given.")
     if "fast" not in modes:
         probe = ", ".join(
@@ -106,6 +124,7 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--htfllib", help="HtFLlib checkout (holds system/); omit: ours only")
+    parser.add_argument("--htfllib-version", help="its commit, where --htfllib is no git checkout")
     parser.add_argument("--pythonpath", help="extra import folder for HtFLlib's packages")
     parser.add_argument("--data", default=None, help="CIFAR-10 archive (default: auto)")
     parser.add_argument("--fraction", type=float, default=0.2)
@@ -124,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--htfllib {args.htfllib}: no system/main.py there (an HtFLlib checkout?)")
     args.protocol, args.threads = "htfllib", torch.get_num_threads()  # what the harness reads
 
+    code = code_version()  # what is measured: the code as it is now
     probe = bf16_probe("cpu")
     modes = args.modes or (["exact", "fast"] if bf16_pays(probe) else ["exact"])
     dataset = load_dataset("cifar10", args.data)
@@ -151,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.htfllib:
         from htfllib_side_by_side import _htfllib_version
 
-        result["htfllib"] = _htfllib_version(Path(args.htfllib))
+        result["htfllib"] = args.htfllib_version or _htfllib_version(Path(args.htfllib))
     runs = {label: {side: {"runs": []} for side in sides} for label in args.methods}
     with tempfile.TemporaryDirectory() as work:
         for repeat in range(args.repeats):  # repeats outermost: a slow spell hits every side
@@ -181,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
             res["median"] = statistics.median(r["s_per_round"] for r in res["runs"])
         result["methods"][label] = by_side
     markdown = table(result)
-    write_result(Path(args.out), result, markdown)
+    write_result(Path(args.out), result, markdown, code)
     print(markdown)
     return 0
 

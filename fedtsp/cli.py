@@ -227,6 +227,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--papermill-dir", default="papermill_runs", help="executed notebooks root")
     rep.add_argument("--no-progress", dest="progress", action="store_false")
     rep.add_argument(
+        "--plan",
+        action="store_true",
+        help="list the runs (stored and new) and estimate the new ones' wall time; run nothing",
+    )
+    rep.add_argument(
         "--allow-partial",
         action="store_true",
         help="exit 0 even if a notebook lacked something the profile expects (see the summary)",
@@ -364,6 +369,10 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
+    if args.plan:
+        from fedtsp.paper.plan import plan_reproduction
+
+        return plan_reproduction(args.profile, args.only, args.results, args.workers)
     return reproduce(
         args.profile,
         only=args.only,

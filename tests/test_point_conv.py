@@ -77,10 +77,8 @@ def test_resnet18_training_step_matches_the_plain_convolutions():
     """One SGD step of ResNet-18 (whose last stage runs on a 1x1 map) in both forms."""
     torch.manual_seed(0)
     model = build_model("resnet18", num_classes=10)
-    plain = copy.deepcopy(model)
-    for m in plain.modules():
-        if isinstance(m, PointOutputConv2d):
-            m.__class__ = nn.Conv2d
+    plain = use_point_convs(copy.deepcopy(model), on=False)
+    assert not any(isinstance(m, PointOutputConv2d) for m in plain.modules())
     x, y = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     for net in (model, plain):
         opt = torch.optim.SGD(net.parameters(), lr=0.1)

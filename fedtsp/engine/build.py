@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,10 +179,25 @@ def run_context(
     )
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX; read on Linux)."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def autocast_factory(config: RunConfig) -> Any:
     if config.precision == "fp32":
         return contextlib.nullcontext
     device_type = torch.device(config.device).type
+    if device_type == "cpu" and not cpu_has_native_bf16():
+        warnings.warn(
+            "precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX): autocast is "
+            "emulated here and several times slower than fp32",
+            stacklevel=2,
+        )
     return functools.partial(torch.autocast, device_type=device_type, dtype=torch.bfloat16)
 
 

@@ -20,8 +20,12 @@ from fedtsp.data.populations import PopulationError, PopulationSpec, named_popul
 from fedtsp.models.families import homogeneous_family_names, resolve_family
 
 
-def check_run(config: RunConfig) -> RunConfig:
-    """Every check that can be made without loading data; raise ConfigError."""
+def check_run(config: RunConfig, here: bool = True) -> RunConfig:
+    """Every check that can be made without loading data; raise ConfigError.
+
+    ``here=False`` leaves out whether the device exists on this machine, for configs that
+    are only planned (a GPU profile read on a CPU machine); running one checks it again.
+    """
     if config.dataset not in dataset_names():
         bad("dataset", config.dataset, f"choose one of {', '.join(dataset_names())}")
     config.validate()
@@ -63,7 +67,7 @@ def check_run(config: RunConfig) -> RunConfig:
             f"setting {config.setting} offers {', '.join(fits)}",
         )
     resolve_options(config.algorithm, config.algo_options)
-    if config.device.startswith("cuda") and not torch.cuda.is_available():
+    if here and config.device.startswith("cuda") and not torch.cuda.is_available():
         bad("device", config.device, "CUDA is not available on this machine; use cpu")
     return config
 

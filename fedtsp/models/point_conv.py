@@ -55,10 +55,12 @@ class PointOutputConv2d(nn.Conv2d):
         return window[0], window[1]
 
 
-def use_point_convs(model: nn.Module) -> nn.Module:
+def use_point_convs(model: nn.Module, on: bool = True) -> nn.Module:
     """Switch every plain ``nn.Conv2d`` of ``model`` to :class:`PointOutputConv2d` in place
-    (a subclass with no state of its own, so parameters and state dict are unchanged)."""
+    (a subclass with no state of its own, so parameters and state dict are unchanged);
+    ``on=False`` switches them back (the benchmark's "before")."""
+    old, new = (nn.Conv2d, PointOutputConv2d) if on else (PointOutputConv2d, nn.Conv2d)
     for module in model.modules():
-        if type(module) is nn.Conv2d:
-            module.__class__ = PointOutputConv2d
+        if type(module) is old:
+            module.__class__ = new
     return model

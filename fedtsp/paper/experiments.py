@@ -162,7 +162,7 @@ def method_config(
     config = RunConfig.from_dict(
         {**base, **fields, "algorithm": algorithm, "algo_options": options}
     )
-    return check_run(config)
+    return check_run(config, here=False)  # the device is checked when the run starts
 
 
 def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any]:
@@ -200,6 +200,8 @@ def run_all(
     for key, spec in zip(keys, specs, strict=True):
         if run_store.load(key) is None:
             todo.setdefault(key, spec.config)
+    for config in todo.values():  # stored runs need no device; new ones fail here, not later
+        check_run(config)
     errors: dict[str, str] = {}
     if todo:
         bar = tqdm(total=len(todo), disable=not progress, desc="runs", unit="run")

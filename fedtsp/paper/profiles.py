@@ -65,7 +65,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         base = section.pop("base", {})
         # Device availability is checked when a run starts, so that e.g. the GPU profile can
         # be read (and its runs planned) on a CPU machine.
-        check_run(RunConfig.from_dict({**base, "device": "cpu"}))
+        check_run(RunConfig.from_dict(base), here=False)
         profile = Profile(
             name=name,
             about=" ".join(str(section.pop("about")).split()),
@@ -87,7 +87,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         if "base" in params:
             params["base"] = {**base, **params["base"]}
             try:
-                check_run(RunConfig.from_dict({**params["base"], "device": "cpu"}))
+                check_run(RunConfig.from_dict(params["base"]), here=False)
             except ConfigError as exc:
                 raise ConfigError(f"profile {name!r}, notebook {notebook}: base: {exc}") from None
         for key in ("methods", "hetero_methods"):

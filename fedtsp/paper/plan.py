@@ -1,0 +1,214 @@
+"""`fedtsp reproduce --profile P --plan`: what a reproduction would run, and for how long.
+
+Lists every run the selected notebooks need, stored or new, and estimates the new runs'
+wall time on this machine from a short calibration: a few training steps and one
+inference batch of each architecture the new runs use, on the profile's device, at the
+thread count the runs get (one per worker on CPU). A run's estimate is its client-model
+work, ``rounds x local_epochs x train images / training speed + evaluations x test images
+/ inference speed``, summed over its clients' architectures. It leaves out server steps
+(FedTSP's prompt tuning, FedTGP's prototype training) and second client models (FML,
+FedKD, FedMRL), so it is a lower bound for those methods; notebook-only work (08's FMCL
+benchmark) comes from the last reproduction's timings on this machine, where there are any.
+Where the profile's device is absent here, the plan gives the image counts per
+architecture instead, to multiply by the device's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.results import RunStore
+from fedtsp.engine.build import global_test_indices, partition_dataset
+from fedtsp.engine.loop import global_eval_due
+from fedtsp.engine.simulation import run_key
+from fedtsp.models.families import build_model, client_architecture
+from fedtsp.paper.experiments import DataSource, RunSpec
+from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
+
+
+@dataclass
+class PlannedRun:
+    notebook: str
+    config: RunConfig
+    key: str
+    stored: bool
+    # Images through each architecture: (training, inference), over the whole run.
+    images: dict[str, tuple[int, int]] = field(default_factory=dict)
+    seconds: float | None = None
+
+
+def run_images(config: RunConfig, source: DataSource) -> dict[str, tuple[int, int]]:
+    """(training, inference) images of the run per client architecture."""
+    evaluations = config.rounds + 1
+    images: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    if config.population is None:
+        dataset = source.get(config.dataset)
+        _, _, partition = partition_dataset(config, dataset)
+        train = [len(ix) for ix in partition.client_train]
+        test = [len(ix) for ix in partition.client_test]
+        global_test = len(global_test_indices(config, dataset))
+    else:  # a mixed population: its datasets' sizes spread evenly (an approximation)
+        total = sum(
+            len(d.train_labels) + len(d.test_labels) for d in source.datasets(config).values()
+        )
+        share = total * config.fraction / config.num_clients
+        train = [int(share * config.train_ratio)] * config.num_clients
+        test = [int(share) - train[0]] * config.num_clients
+        global_test = 0
+    global_evals = sum(global_eval_due(config, t) for t in range(config.rounds + 1))
+    for i, (n_train, n_test) in enumerate(zip(train, test, strict=True)):
+        arch = client_architecture(config.family, i)
+        images[arch][0] += n_train * config.local_epochs * config.rounds
+        images[arch][1] += n_test * evaluations + global_test * global_evals
+    return {arch: (t, e) for arch, (t, e) in images.items()}
+
+
+def calibrate(arch: str, config: RunConfig, steps: int = 3) -> tuple[float, float]:
+    """Training and inference images/s of ``arch`` at the run's batch size and device."""
+    device = torch.device(config.device)
+    model = build_model(arch, num_classes=10).to(device)
+    x = torch.randn(config.batch_size, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (config.batch_size,), device=device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    step()  # warm-up
+    train = config.batch_size * steps / _timed(step, steps, device)
+    model.eval()
+    with torch.inference_mode():
+        infer = config.batch_size * 2 / _timed(lambda: model(x), 2, device)
+    return train, infer
+
+
+def _timed(fn, repeats: int, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def device_available(device: str) -> bool:
+    return not device.startswith("cuda") or torch.cuda.is_available()
+
+
+def make_plan(
+    profile: Profile, notebooks: list[Path], results_root: Path, workers: int
+) -> tuple[list[PlannedRun], dict[str, tuple[float, float]]]:
+    """Every run of the notebooks (first mention of a key wins) and the calibration used."""
+    source = DataSource(profile.data, profile.synthetic_per_class)
+    store = RunStore(results_root / profile.name / "runs")
+    runs: dict[str, PlannedRun] = {}
+    for nb in notebooks:
+        params = notebook_parameters(profile, nb.stem, results_root)
+        spec: RunSpec
+        for spec in notebook_plan(nb.stem, params, source):
+            key = run_key(spec.config, source.datasets(spec.config))
+            if key not in runs:
+                stored = store.load(key) is not None
+                runs[key] = PlannedRun(nb.stem, spec.config, key, stored)
+    new = [r for r in runs.values() if not r.stored]
+    for run in new:
+        run.images = run_images(run.config, source)
+    speeds: dict[str, tuple[float, float]] = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if workers > 1 else threads)  # as the runs will get them
+    try:
+        for run in new:
+            if not device_available(run.config.device):
+                continue
+            for arch in run.images:
+                if arch not in speeds:
+                    speeds[arch] = calibrate(arch, run.config)
+            run.seconds = sum(
+                t / speeds[arch][0] + e / speeds[arch][1] for arch, (t, e) in run.images.items()
+            )
+    finally:
+        torch.set_num_threads(threads)
+    return list(runs.values()), speeds
+
+
+def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, workers: int) -> None:
+    runs, speeds = make_plan(profile, notebooks, results_root, workers)
+    new = [r for r in runs if not r.stored]
+    device = profile.base.get("device", "cpu")
+    print(f"plan for profile {profile.name} ({device}, {workers} worker(s)):")
+    print(f"{len(runs)} runs: {len(runs) - len(new)} in the store, {len(new)} to run\n")
+    print(
+        f"{'notebook':<26} {'algorithm':<12} {'dataset':<14} {'family':<16} "
+        f"{'rounds':>6} {'seed':>4}  {'key':<10}  {'status':<6} {'estimate':>9}"
+    )
+    for r in runs:
+        c = r.config
+        estimate = "-" if r.stored else (_hours(r.seconds) if r.seconds is not None else "?")
+        print(
+            f"{r.notebook:<26} {c.algorithm:<12} {c.population or c.dataset:<14} "
+            f"{c.family:<16} {c.rounds:>6} {c.seed:>4}  {r.key[:10]}  "
+            f"{'stored' if r.stored else 'new':<6} {estimate:>9}"
+        )
+    if not new:
+        print("\nNothing to run: every run is in the store.")
+    elif all(r.seconds is not None for r in new):
+        total = sum(r.seconds for r in new) / (workers if device == "cpu" else 1)
+        unit = "GPU-hours" if device.startswith("cuda") else "hours"
+        print(
+            f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit});"
+        )
+        print(
+            "calibrated images/s (training, inference): "
+            + ", ".join(f"{a} {t:,.0f} / {e:,.0f}" for a, (t, e) in speeds.items())
+        )
+    else:
+        per_arch: Counter[str] = Counter()
+        for r in new:
+            for arch, (t, e) in r.images.items():
+                per_arch[f"{arch} training"] += t
+                per_arch[f"{arch} inference"] += e
+        print(f"\nNo estimate: device {device!r} is not available here. Images to process:")
+        for name, count in per_arch.items():
+            print(f"  {name}: {count:,}")
+    timings = results_root / profile.name / "reproduce_timings.json"
+    if timings.exists():
+        measured = json.loads(timings.read_text()).get("notebooks", {})
+        wanted = {nb.stem for nb in notebooks}
+        seconds = sum(s for name, s in measured.items() if name in wanted)
+        print(f"Notebooks' own work, as last measured here: {_hours(seconds)}.")
+
+
+def _hours(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else (f"{seconds // 60}m{seconds % 60:02d}s")
+    )
+
+
+def plan_reproduction(
+    profile_name: str, only: list[str] | None, results_root: str | Path, workers: int | None
+) -> int:
+    """Print the plan of ``fedtsp reproduce`` with the same arguments; returns 0."""
+    from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks
+
+    profile = load_profile(profile_name)
+    workers = profile.workers if workers is None else workers
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers={workers!r} is invalid; must be >= 1")
+    notebooks = find_notebooks(NOTEBOOKS_DIR, only)
+    print_plan(profile, notebooks, Path(results_root).resolve(), workers)
+    return 0
