@@ -184,7 +184,7 @@ def bench_server(algorithms: list[str], clients: int, steps: int) -> tuple[dict[
         dim = cls.required_feature_dim(opts) or 512  # 512: the image models' default width
         ctx = RunContext("cifar100", classes, dim, clients, steps, torch.device("cpu"), 0)
         algo = cls(opts, ctx)
-        algo.setup([])
+        algo.setup([], {})
         gen = torch.Generator().manual_seed(0)
         uploads = []
         for _ in range(clients):  # ~20 held classes per client, as under Dir(0.1)

@@ -1,0 +1,123 @@
+"""Committed benchmark outputs: the README shows them verbatim, and each says where it ran."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+readme = _load("readme")
+
+# The README's performance figures: each block is a committed benchmark output.
+EXPECTED_BLOCKS = {
+    "speed_vs_htfllib",
+    "bench_models",
+    "bench_round",
+    "bench_server",
+    "fast_path_accuracy",
+    "code_metrics_change",
+}
+
+
+def test_every_readme_block_equals_its_committed_output():
+    text = (REPO / "README.md").read_text()
+    found = readme.blocks(text)
+    assert set(found) >= EXPECTED_BLOCKS
+    for name, body in found.items():
+        assert body == (RESULTS / f"{name}.md").read_text(), f"README block {name} is stale"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_BLOCKS - {"code_metrics_change"}))
+def test_benchmark_outputs_name_command_code_and_machine(name):
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    assert data["command"].startswith("python benchmarks/")
+    assert len(data["code"]["git_commit"]) == 40
+    assert data["code"]["git_dirty"] is False  # measured on committed code
+    for fact in ("cpu", "cores", "threads", "torch", "device", "cpu_capability"):
+        assert data["machine"][fact] not in (None, "")
+    md = (RESULTS / f"{name}.md").read_text()
+    assert md.startswith(f"Measured at code {data['code']['git_commit'][:7]} on ")
+
+
+def test_sync_rewrites_a_stale_block_and_refuses_a_missing_file(tmp_path):
+    (tmp_path / "t.md").write_text("| a |\n")
+    text = "x\n<!-- benchmark:t -->\nold\n<!-- /benchmark:t -->\ny\n"
+    assert (
+        readme.synced(text, tmp_path)
+        == "x\n<!-- benchmark:t -->\n| a |\n<!-- /benchmark:t -->\ny\n"
+    )
+    with pytest.raises(SystemExit, match="no u.md"):
+        readme.synced("<!-- benchmark:u -->\n<!-- /benchmark:u -->", tmp_path)
+
+
+def test_speed_table_reports_speed_ups_and_a_skipped_fast_path():
+    speed = _load("speed_vs_htfllib")
+    # Overheads 1 %, 2 %, 4 %: the median share, 2 %, is what the table shows.
+    runs = [
+        {"s_per_round": 20.0, "phases": {"model": 19.5 - share, "server": 0.5}}
+        for share in (0.2, 0.4, 0.8)
+    ]
+    result = {
+        "modes": ["exact"],
+        "htfllib": "e959261",
+        "setting": {"repeats": 3, "fraction": 0.2, "rounds": 2},
+        "probe": {"resnet18": {"fp32": 280.0, "bf16": 30.0}},
+        "methods": {
+            "FedProto": {"htfllib": {"median": 60.0}, "exact": {"median": 20.0, "runs": runs}}
+        },
+    }
+    lines = speed.table(result).splitlines()
+    assert lines[2] == "| FedProto | 60.00 | 20.00 | 3.00x | 2.00 % |"
+    assert "resnet18 280 -> 30" in lines[-1]
+    assert speed.bf16_pays({"a": {"fp32": 100.0, "bf16": 250.0}})
+    assert not speed.bf16_pays(
+        {"a": {"fp32": 100.0, "bf16": 250.0}, "b": {"fp32": 100, "bf16": 10}}
+    )
+
+
+def test_fast_path_verdict_compares_the_paired_difference_with_seed_noise():
+    fast = _load("fast_path_accuracy")
+    exact = [50.0, 52.0, 54.0]  # seed noise: sample std 2.0
+    kept = fast.paired(exact, [51.0, 52.0, 56.0])  # differences 1, 0, 2
+    assert kept["mean_difference"] == pytest.approx(1.0)
+    assert kept["seed_noise"] == pytest.approx(2.0)
+    half = 4.302653 / 3**0.5  # t(0.975, 2 df) x std 1 / sqrt(3)
+    assert kept["ci95"] == pytest.approx([1.0 - half, 1.0 + half], abs=1e-5)
+    assert kept["verdict"] == "within seed noise"
+    lost = fast.paired(exact, [47.0, 49.5, 50.5])  # differences -3, -2.5, -3.5
+    assert lost["mean_difference"] == pytest.approx(-3.0)
+    assert lost["verdict"] == "outside seed noise"
+
+
+def test_empty_store_table_states_the_ratio_against_the_target_and_differing_tables():
+    empty = _load("reproduce_empty_store")
+    result = {
+        "profile": "cpu",
+        "code": {"git_commit": "abcdef1" + "0" * 33},
+        "before": {"code": "4e74747", "seconds": 6000.0, "runs_seconds": 5000.0, "runs": 84},
+        "after": {"seconds": 4200.0, "runs_seconds": 3900.0},
+        "plan": {"new": 112, "workers": 2, "runs_seconds": 3000.0},
+        "same_tables": {"tables": 14, "differ": ["table1.csv"]},
+    }
+    result["before"]["note"] = "a note"
+    lines = empty.table(result).splitlines()
+    assert lines[4] == "| before | 4e74747 | 1 h 40 min (6,000 s) | 1 h 23 min (5,000 s) | 84 |"
+    assert lines[5] == "| now | abcdef1 | 1 h 10 min (4,200 s) | 1 h 05 min (3,900 s) | 112 |"
+    assert "Now / before: 0.70 (target <= 0.60: not met)" in lines[7]
+    assert "13 of 14 (differ: table1.csv)" in lines[7]
+    assert empty._clock(59.6) == "60 s"
