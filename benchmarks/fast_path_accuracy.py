@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 from facts import machine_facts, write_result
-from scipy import stats
 
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import code_version
@@ -34,21 +33,20 @@ from fedtsp.data import load_dataset
 from fedtsp.engine.simulation import run_experiment
 from fedtsp.paper.experiments import method_config, method_specs
 from fedtsp.paper.profiles import load_profile
+from fedtsp.paper.statistics import paired_difference, summarize
 
 PRECISIONS = ("fp32", "bf16")
 
 
 def paired(exact: list[float], fast: list[float]) -> dict[str, Any]:
     """Mean paired difference (fast - exact), its 95 % t-interval and the verdict rule."""
-    diffs = [f - e for e, f in zip(exact, fast, strict=True)]
-    mean = statistics.fmean(diffs)
-    half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
-    noise = statistics.stdev(exact)
+    diff, _ = paired_difference(dict(enumerate(exact)), dict(enumerate(fast)))
+    noise = summarize(exact).std
     return {
-        "mean_difference": mean,
-        "ci95": [mean - half, mean + half],
+        "mean_difference": diff.mean,
+        "ci95": [diff.ci_low, diff.ci_high],
         "seed_noise": noise,
-        "verdict": "within seed noise" if abs(mean) <= noise else "outside seed noise",
+        "verdict": "within seed noise" if abs(diff.mean) <= noise else "outside seed noise",
     }
 
 
@@ -64,8 +62,7 @@ def table(result: dict[str, Any]) -> str:
         sec = {p: statistics.median(res[p]["seconds"]) for p in PRECISIONS}
         c = res["comparison"]
         lines.append(
-            f"| {label} | {statistics.fmean(acc['fp32']):.2f} ± {statistics.stdev(acc['fp32']):.2f} "
-            f"| {statistics.fmean(acc['bf16']):.2f} ± {statistics.stdev(acc['bf16']):.2f} "
+            f"| {label} | {summarize(acc['fp32']).cell()} | {summarize(acc['bf16']).cell()} "
             f"| {c['mean_difference']:+.2f} [{c['ci95'][0]:+.2f}, {c['ci95'][1]:+.2f}] "
             f"| {c['seed_noise']:.2f} | {c['verdict']} "
             f"| {sec['fp32']:.0f} | {sec['bf16']:.0f} | {sec['fp32'] / sec['bf16']:.2f}x |"

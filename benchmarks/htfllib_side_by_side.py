@@ -61,7 +61,7 @@ from fedtsp.data import load_dataset
 from fedtsp.data.htfllib import export_htfllib
 from fedtsp.engine.build import partition_dataset
 from fedtsp.engine.simulation import run_experiment, run_key
-from fedtsp.paper.tables import mean_pm_std
+from fedtsp.paper.statistics import summarize
 
 # label -> (our algorithm, our options matching HtFLlib's code, HtFLlib's algorithm + args)
 METHODS: dict[str, tuple[str, dict[str, Any], list[str]]] = {
@@ -266,12 +266,6 @@ def run_htfllib(
     return parse_htfllib(done.stdout)
 
 
-def summarise(values: list[float]) -> tuple[float, float]:
-    """Mean and sample std (ddof = 1; NaN for a single value)."""
-    mean = statistics.fmean(values)
-    return mean, statistics.stdev(values) if len(values) > 1 else float("nan")
-
-
 def table(results: dict[str, Any]) -> str:
     rows = [
         "| method | fedtsp best acc (%) | HtFLlib best acc (%) | difference | tolerance "
@@ -336,8 +330,7 @@ def protocol_table(by_protocol: dict[str, dict[str, Any]]) -> str:
 
 def _pm(values: list[float]) -> str:
     """The project's "mean ± std" cell for a list of per-seed values."""
-    mean, std = summarise(values)
-    return mean_pm_std(mean, std, len(values))
+    return summarize(values).cell()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -467,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
             res["htfllib_commit"] = HTFLLIB_AT[label]
         ours["s_per_round"] = statistics.fmean(ours["s_per_round"])
         if theirs["best_acc"]:
-            (m1, s1), (m2, s2) = summarise(ours["best_acc"]), summarise(theirs["best_acc"])
+            (m1, s1), (m2, s2) = (
+                (s.mean, s.std) for s in map(summarize, (ours["best_acc"], theirs["best_acc"]))
+            )
             spread = max(s for s in (s1, s2) if s == s) if len(args.seeds) > 1 else 0.0
             res["difference"] = m1 - m2
             res["tolerance"] = max(1.5, 2 * spread)

@@ -45,6 +45,18 @@ def test_notebook_parameters_point_into_the_results_root(tmp_path):
     json.dumps(params)  # papermill needs JSON-serialisable values
 
 
+def test_overrides_replace_values_merge_base_and_reject_unknown_names():
+    params = notebook_parameters(
+        "cpu", "03_main_table", overrides={"seeds": [0], "base": {"rounds": 3}}
+    )
+    assert params["seeds"] == [0]
+    assert params["base"]["rounds"] == 3 and params["base"]["family"] == "htfe-cpu"
+    with pytest.raises(ConfigError, match="has no parameter.*sedes"):
+        notebook_parameters("cpu", "03_main_table", overrides={"sedes": [0]})
+    with pytest.raises(ConfigError, match="profile"):
+        notebook_parameters("cpu", "03_main_table", overrides={"profile": "paper"})
+
+
 def test_a_notebooks_base_is_merged_onto_the_profiles(tmp_path):
     table3 = notebook_parameters("cpu", "07_homogeneous")["base"]
     table1 = notebook_parameters("cpu", "03_main_table")["base"]
@@ -113,8 +125,8 @@ def test_mean_std_best_mask_and_text_formats():
             "acc": [80.0, 82.0, 85.0, 85.0],
         }
     )
-    text, means = mean_std(frame, "method", "dataset", "acc")
-    assert text.loc["A", "x"] == "81.00 ± 1.00"
+    text, means, numbers = mean_std(frame, "method", "dataset", "acc")
+    assert text.loc["A", "x"] == "81.00 ± 1.41"  # sample std (ddof = 1) of 80, 82
     assert text.loc["B", "x"] == "85.00 (n = 2, all equal)"
     bold = best_mask(means)
     assert bold.loc["B", "x"] and not bold.loc["A", "x"]
@@ -126,9 +138,15 @@ def test_mean_std_best_mask_and_text_formats():
 
 def test_one_seed_shows_n_1_not_a_zero_spread():
     frame = pd.DataFrame({"method": ["A", "B", "B"], "dataset": ["x"] * 3, "acc": [80, 84, 86.0]})
-    text, _ = mean_std(frame, "method", "dataset", "acc")
+    text, _, numbers = mean_std(frame, "method", "dataset", "acc")
     assert text.loc["A", "x"] == "80.00 (n = 1)"
-    assert text.loc["B", "x"] == "85.00 ± 1.00"
+    assert text.loc["B", "x"] == "85.00 ± 1.41"
+    # The numbers behind the cells, for the CSV: n = 1 has no spread and no interval.
+    assert list(numbers.columns) == ["method", "dataset", "mean", "std", "n", "ci_low", "ci_high"]
+    a, b = numbers.iloc[0], numbers.iloc[1]
+    assert (a["method"], a["n"], a["mean"]) == ("A", 1, 80.0) and pd.isna(a["std"])
+    # t(0.975, 1 df) x std sqrt(2) / sqrt(n = 2)
+    assert (b["ci_low"], b["ci_high"]) == pytest.approx((85.0 - 12.7062, 85.0 + 12.7062), abs=1e-3)
     assert mean_std(frame, "method", "dataset", "acc", decimals=3)[0].loc["A", "x"] == (
         "80.000 (n = 1)"
     )

@@ -22,7 +22,7 @@ def test_summary_table_means_over_seeds(tmp_path, tiny_data):
     assert len(frame) == 2
     table = summary_table(frame, ["algorithm"])
     accs = np.array([r["summary"]["best_acc"] for r in records]) * 100
-    assert table.loc[0, "best-round acc (%)"] == f"{accs.mean():.2f} ± {accs.std():.2f}"
+    assert table.loc[0, "best-round acc (%)"] == f"{accs.mean():.2f} ± {accs.std(ddof=1):.2f}"
     assert table.loc[0, "seeds"] == "0,1"
     text = to_markdown(table)
     assert text.splitlines()[0].startswith("| algorithm | seeds |")

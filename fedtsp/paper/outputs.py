@@ -147,15 +147,18 @@ class ResultsWriter:
         runs: list[str] = (),
         notes: str = "",
         bold: pd.DataFrame | None = None,
-    ) -> list[Path]:
+        numbers: pd.DataFrame | None = None,
+    ) -> None:
         """Save `table` (strings or numbers) as CSV, Markdown and LaTeX.
 
         `bold` (same shape, booleans) marks the best cells: **x** in Markdown, \\textbf{x}
-        in LaTeX, a trailing `*` in the CSV.
+        in LaTeX, a trailing `*` in the CSV. `numbers` (e.g. the third frame of
+        `tables.mean_std`: mean, std, n and 95 % interval per cell, in columns of their own)
+        becomes the CSV instead, so that it can be re-analysed without parsing "mean ± std".
         """
         base = self.root / "tables" / name
-        marked = table.copy()
-        if bold is not None:
+        marked = table.copy() if numbers is None else numbers
+        if bold is not None and numbers is None:
             marked = marked.astype(object).mask(bold, marked.map(str) + " *")
         footer = f"\n\n{caption}\n\nProfile `{self.profile}`; runs: {len(set(runs))}."
         if notes:
@@ -165,18 +168,17 @@ class ResultsWriter:
         atomic_write_text(files[1], to_markdown(table, bold) + footer + "\n")
         atomic_write_text(files[2], to_latex(table, bold, caption))
         self._record("table", name, files, target, runs, notes)
-        return files
 
     def figure(
         self, fig: Any, name: str, target: str, runs: list[str] = (), notes: str = ""
-    ) -> list[Path]:
-        """Save a matplotlib figure as PNG (200 dpi) and PDF."""
+    ) -> None:
+        """Save a matplotlib figure as PNG (200 dpi) and PDF. Returns nothing, so that a
+        notebook cell ending with this call shows the figure, not a list of paths."""
         base = self.root / "figures" / name
         files = [base.with_suffix(".png"), base.with_suffix(".pdf")]
         for f in files:
             fig.savefig(f, dpi=200, bbox_inches="tight", metadata=_FIGURE_METADATA[f.suffix])
         self._record("figure", name, files, target, runs, notes)
-        return files
 
 
 def write_index(results_root: str | Path) -> Path:

@@ -6,13 +6,16 @@ builds it) and returns a matplotlib Figure sized and labelled for print.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from fedtsp.paper.statistics import std_interval, summary_frame
 
 sns.set_theme(style="whitegrid", context="paper", font_scale=1.1)
 
@@ -26,64 +29,97 @@ def grouped_bars(
     title: str = "",
     order: list[Any] | None = None,
     hue_order: list[Any] | None = None,
-    zoom: bool = True,
     dodge: bool = True,
 ) -> Figure:
-    """Mean of `y` per (x, hue) with the seeds' standard deviation as error bars.
+    """Mean of `y` per (x, hue) with the seeds' sample standard deviation as error bars
+    (`statistics.std_interval`: the spread the tables print; none for one seed).
 
-    `zoom` starts the axis just below the lowest bar so that small gaps stay visible;
-    `dodge=False` colours bars by `hue` without splitting the slot (one hue per x).
+    Bars start at zero, so their lengths compare honestly; long category names are wrapped
+    instead of rotated; the legend sits outside the axes, and a `hue` with one value goes
+    into the title instead. `dodge=False` colours bars by `hue` without splitting the slot.
     """
-    per_slot = frame[hue].nunique() if hue and dodge else 1
-    width = max(4.5, 0.55 * frame[x].nunique() * per_slot + 2)
-    fig, ax = plt.subplots(figsize=(min(width, 14), 3.8))
+    hues = frame[hue].nunique() if hue else 0
+    names = list(order) if order is not None else list(dict.fromkeys(frame[x]))
+    wrapped = [textwrap.fill(str(name), _WRAP) for name in names]
+    lines = max(label.count("\n") + 1 for label in wrapped)
+    longest = max(len(line) for label in wrapped for line in label.split("\n"))
+    # Inches per category: room for its bars and for its name (about 0.085 in a character).
+    slot = max(0.5 * (hues if hue and dodge else 1), 0.085 * longest + 0.15)
+    fig, ax = plt.subplots(figsize=(min(max(4.5, slot * len(names) + 1.5), 16), 3.4 + 0.2 * lines))
     sns.barplot(
         data=frame,
         x=x,
         y=y,
         hue=hue,
-        order=order,
+        order=names,
         hue_order=hue_order,
-        errorbar="sd",
+        errorbar=std_interval,
         dodge=dodge,
         capsize=0.1,
         err_kws={"linewidth": 1.0},
         ax=ax,
     )
-    if zoom:
-        means = frame.groupby([x] + ([hue] if hue else []))[y].mean()
-        low, high = means.min(), frame[y].max()
-        ax.set_ylim(max(0.0, low - 0.15 * max(high - low, 1.0)), high + 0.1 * max(high - low, 1.0))
+    ax.set_xticks(range(len(names)), wrapped)
     ax.set_ylabel(ylabel)
     ax.set_xlabel("")
+    if hue and hues == 1:
+        ax.get_legend().remove()
+        title = (
+            f"{title} ({hue}: {frame[hue].iloc[0]})" if title else f"{hue}: {frame[hue].iloc[0]}"
+        )
+    elif hue:
+        _legend_outside(ax, hue)
     ax.set_title(title)
-    ax.tick_params(axis="x", rotation=30 if frame[x].nunique() > 4 else 0)
-    if hue:
-        ax.legend(title=hue, fontsize=8, title_fontsize=9, loc="lower right")
     fig.tight_layout()
     return fig
+
+
+_WRAP = 16  # characters per line of a category name under a bar
+
+
+def _legend_outside(ax: Any, title: str) -> None:
+    """The axes' legend to the right of the plot, where it hides no data."""
+    sns.move_legend(
+        ax, "upper left", bbox_to_anchor=(1.01, 1.0), title=title, fontsize=8, title_fontsize=9
+    )
 
 
 def accuracy_curves(
     curves: pd.DataFrame, panel: str, line: str, title: str = "", ylabel: str = "accuracy (%)"
 ) -> Figure:
     """Accuracy per round (columns `round`, `acc`), one panel per `panel` value, one line
-    per `line` value, mean over seeds with a band of one standard deviation."""
+    per `line` value, mean over seeds with a band of one sample standard deviation.
+
+    Lines differ in colour (ten distinct ones) and, beyond ten, in dash pattern too; rounds
+    are whole numbers; one legend for all panels sits to their right.
+    """
     panels = list(dict.fromkeys(curves[panel]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    levels = list(dict.fromkeys(curves[line]))
+    colours = sns.color_palette("tab10", 10)
+    palette = {name: colours[i % 10] for i, name in enumerate(levels)}
+    dashes = {name: "" if i < 10 else (4, 1.5) for i, name in enumerate(levels)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.6, 3.8), squeeze=False)
     for ax, value in zip(axes[0], panels, strict=True):
         sns.lineplot(
             data=curves[curves[panel] == value],
             x="round",
             y="acc",
             hue=line,
-            errorbar="sd",
+            style=line,
+            hue_order=levels,
+            style_order=levels,
+            palette=palette,
+            dashes=dashes,
+            errorbar=std_interval,
             ax=ax,
             linewidth=1.3,
         )
         ax.set_title(f"{value}")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7, ncol=2, loc="lower right")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        handles, labels = ax.get_legend_handles_labels()
+        ax.get_legend().remove()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -93,14 +129,39 @@ def accuracy_curves(
 def paired_scatter(
     frame: pd.DataFrame, x: str, y: str, label: str, xlabel: str, ylabel: str, title: str = ""
 ) -> Figure:
-    """One point per `label` (mean over seeds) with its name, e.g. top-1 vs top-5 accuracy."""
-    means = frame.groupby(label, sort=False)[[x, y]].mean()
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
-    ax.scatter(means[x], means[y], s=28, color="tab:blue")
-    for name, row in means.iterrows():
+    """One point per `label` (mean over seeds), e.g. top-1 vs top-5 accuracy.
+
+    Names go in a column to the right of the plot, in the points' vertical order and spaced
+    so that none overlaps, each joined to its point by a thin line: close points stay
+    readable.
+    """
+    means = frame.groupby(label, sort=False)[[x, y]].mean().sort_values(y)
+    fig, ax = plt.subplots(figsize=(6.2, 4.4))
+    ax.scatter(means[x], means[y], s=28, color="tab:blue", zorder=3)
+    low, high = means[y].min(), means[y].max()
+    span = max(high - low, 1e-9)
+    ax.set_ylim(low - 0.08 * span, high + 0.08 * span)
+    gap = 0.07 * span
+    spots: list[float] = []
+    for value in means[y]:  # ascending: push each name up until it clears the one below
+        spots.append(max(value, spots[-1] + gap) if spots else value)
+    overflow = spots[-1] - (high + 0.08 * span)
+    if overflow > 0:  # shift the column down so that it ends within the axes' height
+        spots = [s - overflow for s in spots]
+    right = ax.get_xlim()[1]
+    for (name, row), spot in zip(means.iterrows(), spots, strict=True):
         ax.annotate(
-            str(name), (row[x], row[y]), fontsize=7, xytext=(3, 3), textcoords="offset points"
+            str(name),
+            (row[x], row[y]),
+            xytext=(right, spot),
+            textcoords=("data", "data"),
+            xycoords="data",
+            fontsize=7,
+            va="center",
+            annotation_clip=False,
+            arrowprops={"arrowstyle": "-", "color": "0.6", "linewidth": 0.5},
         )
+    ax.set_xlim(right=right)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -126,13 +187,10 @@ def rounds_to_reach(curves: pd.DataFrame, by: list[str], fraction: float = 0.95)
         target = fraction * part["acc"].max()
         return int(part.loc[part["acc"] >= target, "round"].min())
 
-    return (
+    per_run = (
         curves.groupby([*by, "seed"], sort=False)[["round", "acc"]]
         .apply(first)
         .rename("round")
         .reset_index()
-        .groupby(by, sort=False)["round"]
-        .agg(["mean", lambda v: float(np.std(v)), "count"])
-        .set_axis(["mean", "std", "n"], axis=1)
-        .reset_index()
     )
+    return summary_frame(per_run, by, "round")

@@ -1,9 +1,10 @@
 """Reproduction profiles (smoke / cpu / paper) read from the versioned `profiles.toml`.
 
 A profile fixes the scale of every notebook: where the data comes from, the seeds, the
-RunConfig fields shared by all runs (`base`) and each notebook's own parameters. The
-batch runner injects `notebook_parameters(profile, notebook)` into the notebook's
-"parameters" cell; the notebook itself never reads this file.
+RunConfig fields shared by all runs (`base`) and each notebook's own parameters. A
+notebook's parameters cell holds only a profile name (default `cpu`) and optional
+overrides; it reads everything else through `notebook_parameters(profile, notebook)`, as the
+batch runner's plan does, so every value is written once, here.
 """
 
 from __future__ import annotations
@@ -105,12 +106,15 @@ def notebook_parameters(
     notebook: str,
     results_root: str | Path = "results",
     relative_to: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Everything papermill injects into `notebook` at `profile` (JSON-serialisable).
+    """Every value `notebook` uses at `profile` (JSON-serialisable): its one source, read by
+    the notebook itself and by the batch runner's plan.
 
     Run records go to `<results_root>/<profile>/runs`, tables and figures next to them;
     with `relative_to` (the notebook's working folder) those two paths are given relative
-    to it, so that the executed copy holds no absolute path of this machine.
+    to it, so that the executed copy holds no absolute path of this machine. `overrides`
+    replaces values by name (`base` is merged field by field); an unknown name is an error.
     """
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
     if notebook not in prof.notebooks:
@@ -118,7 +122,7 @@ def notebook_parameters(
             f"profile {prof.name!r} has no parameters for notebook {notebook!r}; "
             f"it defines: {', '.join(prof.notebooks)}"
         )
-    return {
+    params = {
         "profile": prof.name,
         "about": prof.about,
         "data": prof.data,
@@ -132,6 +136,15 @@ def notebook_parameters(
         "results_dir": _path(Path(results_root).resolve() / prof.name, relative_to),
         **prof.notebooks[notebook],
     }
+    unknown = sorted(set(overrides or {}) - (set(params) - {"profile"}))
+    if unknown:
+        raise ConfigError(
+            f"notebook {notebook} has no parameter(s) {', '.join(unknown)}; "
+            f"it uses: {', '.join(k for k in params if k != 'profile')}"
+        )
+    for name, value in (overrides or {}).items():
+        params[name] = {**params["base"], **value} if name == "base" else value
+    return params
 
 
 def _path(path: Path, relative_to: str | Path | None) -> str:

@@ -20,7 +20,8 @@ import pandas as pd
 from fedtsp.core.results import RunStore
 from fedtsp.paper.fmcl.benchmark import METHODS as FMCL_METHODS
 from fedtsp.paper.fmcl.benchmark import benchmark_row, is_benchmark_record, summarize_benchmark
-from fedtsp.paper.tables import mean_pm_std, to_markdown
+from fedtsp.paper.statistics import cell, summarize
+from fedtsp.paper.tables import to_markdown
 
 
 def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -55,12 +56,11 @@ def runs_frame(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 
 def summary_table(frame: pd.DataFrame, group: list[str]) -> pd.DataFrame:
-    """Mean and std over seeds, per group; accuracies in percent."""
+    """Mean and sample std over seeds, per group; accuracies in percent."""
 
     def agg(part: pd.DataFrame) -> pd.Series:
         def pm(col: str, scale: float = 100.0) -> str:
-            values = part[col].to_numpy() * scale
-            return mean_pm_std(values.mean(), values.std(ddof=0), len(values))
+            return summarize(part[col] * scale).cell()
 
         return pd.Series(
             {
@@ -100,7 +100,7 @@ def fmcl_table(records: Iterable[dict[str, Any]]) -> pd.DataFrame:
     def pm(row: pd.Series, metric: str, scale: float = 1.0, digits: int = 2) -> str:
         n = int(row["seeds"])
         mean, std = row[f"{metric}_mean"] * scale, row[f"{metric}_std"] * scale
-        return mean_pm_std(mean, std, n, digits)
+        return cell(mean, std, n, digits)
 
     return pd.DataFrame(
         {

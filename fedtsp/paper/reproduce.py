@@ -19,6 +19,7 @@ and --allow-partial was not given.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -198,7 +199,9 @@ def reproduce(
 
     results = []
     for nb in notebooks:
-        params = notebook_parameters(profile, nb.stem, results_root, relative_to=nb.parent)
+        # The notebook reads every value from the profile itself: it gets only the name and
+        # where the results live (relative, so the executed copy holds no machine path).
+        params = {"profile": profile.name, "results_root": os.path.relpath(results_root, nb.parent)}
         print(f"\n[{nb.stem}] executing ...", flush=True)
         result = execute_notebook(nb, Path(papermill_root) / profile.name, params, progress)
         result.skipped = _manifest_skips(results_root, profile.name, nb.stem)

@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
-
-def mean_pm_std(mean: float, std: float, n: int, decimals: int = 2) -> str:
-    """ "mean ± std" over n seeds, never a bare "± 0.00": one seed has no spread to show
-    ("mean (n = 1)"), identical seeds say so ("mean (n = 3, all equal)"), and a spread
-    too small for the decimals reads "± <0.01"."""
-    if pd.isna(mean):
-        return "-"
-    if n == 1:
-        return f"{mean:.{decimals}f} (n = 1)"
-    if std == 0:
-        return f"{mean:.{decimals}f} (n = {n}, all equal)"
-    if round(std, decimals) == 0:
-        return f"{mean:.{decimals}f} ± <{10**-decimals:.{decimals}f}"
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+from fedtsp.paper.statistics import cell, summary_frame
 
 
 def mean_std(
@@ -27,26 +13,22 @@ def mean_std(
     columns: str | list[str],
     value: str,
     decimals: int = 2,
-) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Pivot `value` to (index x columns) as "mean ± std" strings, plus the numeric means.
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Pivot `value` to (index x columns): the "mean ± std" cells, the numeric means, and the
+    tidy numbers behind them (one row per cell: mean, std, n, 95 % interval; for the CSV).
 
-    The std is the population std over seeds (ddof=0), as in the paper's tables. Row and
+    Every number comes from `fedtsp.paper.statistics` (sample std, ddof = 1). Row and
     column order follow their first appearance in `frame`.
     """
-    grouped = frame.groupby([*_list(index), *_list(columns)], sort=False)[value]
-    stats = grouped.agg(["mean", lambda v: float(np.std(v, ddof=0)), "count"])
-    stats.columns = ["mean", "std", "n"]
-    means = stats["mean"].unstack(_list(columns), sort=False)
-    stds = stats["std"].unstack(_list(columns), sort=False)
-    counts = stats["n"].unstack(_list(columns), sort=False)
-    text = means.copy().astype(object)
-    for r in means.index:
-        for c in means.columns:
-            n = counts.loc[r, c]
-            text.loc[r, c] = mean_pm_std(
-                means.loc[r, c], stds.loc[r, c], 0 if pd.isna(n) else n, decimals
-            )
-    return text, means
+    rows, cols = _list(index), _list(columns)
+    numbers = summary_frame(frame, [*rows, *cols], value)
+    indexed = numbers.set_index([*rows, *cols])
+    means = indexed["mean"].unstack(cols, sort=False)
+    cells = pd.Series(
+        [cell(r.mean, r.std, r.n, decimals) for r in numbers.itertuples()], index=indexed.index
+    )
+    text = cells.unstack(cols, sort=False).reindex_like(means).fillna("-")
+    return text, means, numbers
 
 
 def best_mask(means: pd.DataFrame, higher_is_better: bool = True) -> pd.DataFrame:

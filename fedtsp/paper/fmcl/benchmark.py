@@ -36,6 +36,7 @@ from fedtsp.data import ImageDataset
 from fedtsp.data.populations import POPULATIONS
 from fedtsp.engine.runspec import check_run
 from fedtsp.paper.experiments import DataSource, RunSpec, run_all
+from fedtsp.paper.statistics import summarize
 
 __all__ = [
     "METHODS",
@@ -198,7 +199,8 @@ def _stability(assignments: Sequence[Sequence[int]]) -> float:
 
 
 def summarize_benchmark(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (population, method): mean and std over seeds, and clustering stability."""
+    """One row per (population, method): per metric the mean, sample std and 95 % interval
+    over seeds (`statistics.summarize`; NaN spread for one seed), and clustering stability."""
     metrics = [
         "best_acc",
         "final_acc",
@@ -213,8 +215,8 @@ def summarize_benchmark(df: pd.DataFrame) -> pd.DataFrame:
     for (pop, method), g in df.groupby(["population", "method"], sort=False):
         row: dict[str, Any] = {"population": pop, "method": method, "seeds": len(g)}
         for m in metrics:
-            row[f"{m}_mean"] = float(g[m].mean())
-            row[f"{m}_std"] = float(g[m].std(ddof=0))
+            s = summarize(g[m])
+            row |= {f"{m}_{k}": v for k, v in s.as_dict().items() if k != "n"}
         row["stability_ari"] = _stability(list(g["assignment"]))
         out.append(row)
     return pd.DataFrame(out)
