@@ -85,6 +85,28 @@ def test_every_notebook_has_a_parameters_cell_and_no_outputs():
             assert not missing, (path.name, profile, missing)
 
 
+def test_a_notebook_opened_as_it_is_shows_the_committed_cpu_results_and_runs_nothing(tmp_path):
+    """No injected parameters: the default profile (cpu) over the committed run store."""
+    import papermill
+
+    nbdir, store = tmp_path / "notebooks", tmp_path / "results" / "cpu" / "runs"
+    nbdir.mkdir()
+    shutil.copy(NOTEBOOKS_DIR / "05_llm_robustness.ipynb", nbdir)
+    shutil.copytree(REPO_ROOT / "results" / "cpu" / "runs", store)
+    mtimes = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    papermill.execute_notebook(
+        str(nbdir / "05_llm_robustness.ipynb"),
+        str(tmp_path / "executed.ipynb"),
+        cwd=str(nbdir),
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    assert {p.name: p.stat().st_mtime_ns for p in store.iterdir()} == mtimes  # nothing ran
+    name = "tables/fig5_right_llm_robustness.md"
+    ours = (tmp_path / "results" / "cpu" / name).read_text()
+    assert ours == (REPO_ROOT / "results" / "cpu" / name).read_text()
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     root = tmp_path_factory.mktemp("smoke")
