@@ -38,6 +38,7 @@ EXPECTED = {
         "(4) handcrafted + trainable prompts",
         "(5) LLM descriptions + trainable prompts (FedTSP)",
     ],
+    "tables/table2_controls.csv": ["minilm"],
     "tables/fig5_prompt_richness.csv": ["manual", "short", "long"],
     "tables/fig5_right_llm_robustness.csv": None,
     "figures/fig1e_semantic_alignment.png": None,

@@ -25,6 +25,13 @@ Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) e
 holds the same architecture, and the whole model, head included, is averaged with FedAvg
 (sample-weighted) every round while the clients keep aligning to the text prototypes.
 
+Semantic controls (``targets``, not in the paper): the text prototypes are replaced by fixed
+targets without their meaning: ``"random"`` unit vectors, ``"shuffled"`` (the same text
+prototypes assigned to other classes: geometry kept, semantics gone; no class keeps its
+own) or ``"simplex"`` (AlignFed's anchors spread uniformly on the sphere). They need
+``trainable_prompts=False`` and compare with the fixed text prototypes of Table 2's row 2,
+testing whether the text's meaning, or only fixed well-spread targets, carries the gain.
+
 Private description upload (Sec. 3.5, Table 4; ``fedtsp.algorithms.privacy``): with ``dp_epsilon`` set,
 client ``dp_client`` uploads its prompts' token embeddings once, each sequence clipped to
 ``dp_clip`` and noised for (dp_epsilon, dp_delta)-DP, and the server's prompt learner encodes
@@ -43,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
+from fedtsp.algorithms.alignfed import AlignFedOptions, uniform_anchors
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
@@ -63,6 +71,7 @@ from fedtsp.text.descriptions import (
 )
 
 PROMPT_VARIANTS = ("manual", "short", "long")
+TARGETS = ("text", "random", "shuffled", "simplex")
 # Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.
 _SMALL_LABEL_SETS = ("cifar10", "fmnist")
 
@@ -82,6 +91,11 @@ class FedTSPOptions:
         None, "description JSON in the authors' schema (path or committed set name) to use instead"
     )
     trainable_prompts: bool = option(True, "tune class-specific context vectors on the server")
+    targets: str = option(
+        "text",
+        "class targets: text prototypes, or a semantic control (random, shuffled, simplex)",
+        choices=TARGETS,
+    )
     prompt_tokens: int | None = option(
         None, "context vectors per class m (unset: 1 on CIFAR-10, else 10)", ">= 1"
     )
@@ -120,6 +134,11 @@ class FedTSPOptions:
         check_dp_parameters(
             1.0 if self.dp_epsilon is None else self.dp_epsilon, self.dp_delta, self.dp_clip
         )
+        if self.targets != "text" and self.trainable_prompts:
+            raise ValueError(
+                f"targets={self.targets!r} replaces the text prototypes by fixed vectors, "
+                "which no prompt can tune; set trainable_prompts=False"
+            )
         if self.dp_epsilon is not None and self.dp_noise_std is not None:
             raise ValueError(
                 "dp_epsilon and dp_noise_std are two alternative mechanisms; set only one"
@@ -176,6 +195,7 @@ class FedTSP(Algorithm):
             encoder, prompts, n_ctx=n_ctx, position=opts.prompt_position
         ).to(self.ctx.device)
         self._privatize_descriptions()
+        self.control = None if opts.targets == "text" else self._control_targets()
         trainable = [p for p in self.learner.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
@@ -213,6 +233,30 @@ class FedTSP(Algorithm):
             )
         learner.set_token_embeddings(noisy)
 
+    def _control_targets(self) -> Tensor:
+        """The fixed targets of a semantic control, drawn from the run's seed."""
+        kind = self.opts.targets
+        state = np.random.SeedSequence([self.ctx.seed, TARGETS.index(kind), 0x5E3]).generate_state(
+            1
+        )
+        generator = torch.Generator().manual_seed(int(state[0]))
+        with torch.no_grad():
+            text = self.learner().float().cpu()
+        count, width = text.shape
+        if kind == "random":
+            return F.normalize(torch.randn(count, width, generator=generator), dim=1)
+        if kind == "shuffled":  # class order[i] gets the prototype of class order[i + 1]
+            order = torch.randperm(count, generator=generator)
+            out = torch.empty_like(text)
+            out[order] = text[order.roll(-1)]
+            return out
+        defaults = AlignFedOptions()
+        with torch.random.fork_rng():
+            torch.manual_seed(int(state[0]))
+            return uniform_anchors(
+                count, width, defaults.anchor_iters, defaults.anchor_lr, defaults.anchor_tau
+            )
+
     def _class_prompts(self, encoder: Any, n_ctx: int) -> list[list[str]]:
         """Prompts per class; description files are validated against the encoder first.
 
@@ -235,7 +279,7 @@ class FedTSP(Algorithm):
     def _broadcast(self) -> Message:
         tuning = self.optimizer is not None and self.server_epochs > 0
         with torch.set_grad_enabled(tuning):
-            protos = self.learner()
+            protos = self.learner() if self.control is None else self.control.to(self.ctx.device)
         # The prompts do not change until the next server step, whose first epoch needs
         # exactly these prototypes: keeping their graph saves one PLM forward per round
         # (a third of the server's time at E_s = 1), at the cost of holding its activations.

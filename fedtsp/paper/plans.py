@@ -86,7 +86,8 @@ LOCAL_ROW = "(1) local only"
 
 
 def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
-    """Table 2 (rows x text encoders) and Fig. 5 left (prompt variants x datasets)."""
+    """Table 2 (rows x text encoders, and the semantic controls beside row 2) and Fig. 5
+    left (prompt variants x datasets)."""
     dataset, alpha = params["dataset"], params["alpha"]
     specs = []
     if dataset in source.split([dataset])[0]:
@@ -106,6 +107,22 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                     params,
                     "FedTSP-MiniLM",
                     labels | {"row": row},
+                    dataset=dataset,
+                    alpha=alpha,
+                    algo_options=options,
+                )
+            # Semantic controls: row 2's fixed targets without the text's meaning.
+            for control in params.get("controls", []):
+                options = {
+                    "text_encoder": encoder,
+                    "prompts": "manual",
+                    "trainable_prompts": False,
+                    "targets": control,
+                }
+                specs += _per_seed(
+                    params,
+                    "FedTSP-MiniLM",
+                    labels | {"part": "controls", "control": control},
                     dataset=dataset,
                     alpha=alpha,
                     algo_options=options,
