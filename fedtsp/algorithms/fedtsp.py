@@ -236,10 +236,9 @@ class FedTSP(Algorithm):
     def _control_targets(self) -> Tensor:
         """The fixed targets of a semantic control, drawn from the run's seed."""
         kind = self.opts.targets
-        state = np.random.SeedSequence([self.ctx.seed, TARGETS.index(kind), 0x5E3]).generate_state(
-            1
-        )
-        generator = torch.Generator().manual_seed(int(state[0]))
+        entropy = [self.ctx.seed, TARGETS.index(kind), 0x5E3]
+        seed = int(np.random.SeedSequence(entropy).generate_state(1)[0])
+        generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             text = self.learner().float().cpu()
         count, width = text.shape
@@ -252,7 +251,7 @@ class FedTSP(Algorithm):
             return out
         defaults = AlignFedOptions()
         with torch.random.fork_rng():
-            torch.manual_seed(int(state[0]))
+            torch.manual_seed(seed)
             return uniform_anchors(
                 count, width, defaults.anchor_iters, defaults.anchor_lr, defaults.anchor_tau
             )
