@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from fedtsp.algorithms.fedtsp import PROMPT_VARIANTS
 from fedtsp.data.populations import POPULATIONS
 from fedtsp.paper.experiments import DataSource, RunSpec, method_config
 from fedtsp.paper.fmcl.benchmark import benchmark_specs
+from fedtsp.text.descriptions import DESCRIPTION_SETS_DIR
 
 
 def _per_seed(
@@ -142,17 +144,24 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
     return specs
 
 
+def description_options(dataset: str, desc: str) -> dict[str, Any]:
+    """FedTSP options that make it read description set `desc` on `dataset`: "manual" (the
+    template), a committed variant ("short", "long", "wordnet": `<dataset>_<desc>.json`) or a
+    file path."""
+    if desc in PROMPT_VARIANTS:
+        return {"prompts": desc}
+    committed = f"{dataset}_{desc}"
+    if (DESCRIPTION_SETS_DIR / f"{committed}.json").is_file():
+        return {"prompts": "long", "description_set": committed}
+    return {"prompts": "long", "description_set": desc}
+
+
 def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
-    """Fig. 5 right: FedTSP once per description set (committed variant name or file path)."""
+    """Fig. 5 right: FedTSP once per description set (its writer is read from the set)."""
     datasets, _ = source.split(params["datasets"])
     specs = []
     for ds in datasets:
         for desc in params["description_sets"]:
-            options = (
-                {"prompts": desc}
-                if desc in ("short", "long")
-                else {"prompts": "long", "description_set": desc}
-            )
             labels = {"dataset": ds, "description_set": desc}
             specs += _per_seed(
                 params,
@@ -160,7 +169,7 @@ def llm_robustness(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                 labels,
                 dataset=ds,
                 alpha=params["alpha"],
-                algo_options=options,
+                algo_options=description_options(ds, desc),
             )
     return specs
 
