@@ -1,10 +1,13 @@
-"""Copy the committed benchmark tables into the README, so none of its figures is typed.
+"""Copy the committed benchmark and results tables into the README, so none of its figures
+is typed.
 
-    python benchmarks/readme.py           # rewrite every block from benchmarks/results
+    python benchmarks/readme.py           # rewrite every block from its committed file
     python benchmarks/readme.py --check   # exit 1 if a block differs from its file
 
-A block is ``<!-- benchmark:NAME -->`` ... ``<!-- /benchmark:NAME -->`` in README.md; its
-body is ``benchmarks/results/NAME.md`` exactly.
+A block is ``<!-- benchmark:NAME -->`` ... ``<!-- /benchmark:NAME -->`` in README.md, with
+the body ``benchmarks/results/NAME.md`` exactly, or ``<!-- results:PATH -->`` ...
+``<!-- /results:PATH -->`` with the body ``results/PATH.md`` (what the notebooks wrote,
+e.g. ``results:cpu/claims_summary``).
 """
 
 from __future__ import annotations
@@ -16,22 +19,25 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-BLOCK = re.compile(r"(<!-- benchmark:([\w.-]+) -->\n)(.*?)(<!-- /benchmark:\2 -->)", re.S)
+OUTPUTS = ROOT / "results"
+BLOCK = re.compile(r"(<!-- (benchmark|results):([\w./-]+) -->\n)(.*?)(<!-- /\2:\3 -->)", re.S)
 
 
-def blocks(text: str) -> dict[str, str]:
-    """Block name -> its body, in the order of the text."""
-    return {m.group(2): m.group(3) for m in BLOCK.finditer(text)}
+def blocks(text: str, kind: str = "benchmark") -> dict[str, str]:
+    """Block name -> its body for the blocks of `kind`, in the order of the text."""
+    return {m.group(3): m.group(4) for m in BLOCK.finditer(text) if m.group(2) == kind}
 
 
-def synced(text: str, results: Path = RESULTS) -> str:
+def synced(text: str, results: Path = RESULTS, outputs: Path = OUTPUTS) -> str:
     """``text`` with every block's body replaced by its committed file."""
+    folders = {"benchmark": results, "results": outputs}
 
     def body(match: re.Match[str]) -> str:
-        source = results / f"{match.group(2)}.md"
+        folder = folders[match.group(2)]
+        source = folder / f"{match.group(3)}.md"
         if not source.exists():
-            raise SystemExit(f"README block {match.group(2)!r}: no {source.name} in {results}")
-        return match.group(1) + source.read_text() + match.group(4)
+            raise SystemExit(f"README block {match.group(3)!r}: no {source.name} in {folder}")
+        return match.group(1) + source.read_text() + match.group(5)
 
     return BLOCK.sub(body, text)
 
@@ -44,13 +50,19 @@ def main(argv: list[str] | None = None) -> int:
     path = Path(args.readme)
     text = path.read_text()
     new = synced(text)
-    stale = [name for name, body in blocks(text).items() if blocks(new)[name] != body]
+    stale = [
+        f"{kind}:{name}"
+        for kind in ("benchmark", "results")
+        for name, body in blocks(text, kind).items()
+        if blocks(new, kind)[name] != body
+    ]
     if args.check:
         for name in stale:
             print(f"stale README block: {name} (run python benchmarks/readme.py)")
         return 1 if stale else 0
     path.write_text(new)
-    print(f"{len(blocks(new))} blocks, {len(stale)} rewritten: {', '.join(stale) or '-'}")
+    count = len(blocks(new)) + len(blocks(new, "results"))
+    print(f"{count} blocks, {len(stale)} rewritten: {', '.join(stale) or '-'}")
     return 0
 
 

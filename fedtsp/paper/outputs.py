@@ -18,6 +18,7 @@ import pandas as pd
 from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.paths import scrub_paths
 from fedtsp.core.results import code_version
+from fedtsp.paper import claims as _claims
 from fedtsp.paper.tables import to_latex, to_markdown
 
 INDEX_HEADER = """# Results
@@ -69,7 +70,7 @@ class ResultsWriter:
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.code = code_version()  # once: every manifest write would otherwise ask git again
-        for sub in ("tables", "figures", "manifest"):
+        for sub in ("tables", "figures", "manifest", "claims"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self._write_manifest()  # a rerun starts from an empty manifest, not the last one
 
@@ -179,6 +180,15 @@ class ResultsWriter:
         for f in files:
             fig.savefig(f, dpi=200, bbox_inches="tight", metadata=_FIGURE_METADATA[f.suffix])
         self._record("figure", name, files, target, runs, notes)
+
+    def claims(self, findings: list[_claims.Finding], runs: list[str] = ()) -> None:
+        """Save this notebook's tested claims (`claims/<notebook>.csv`) and rewrite the
+        profile's `claims.md` / `claims.csv` from every notebook's findings."""
+        path = self.root / "claims" / f"{self.notebook}.csv"
+        atomic_write_text(path, _claims.findings_frame(findings).to_csv(index=False))
+        report = _claims.write_report(self.root, self.profile)
+        ids = ", ".join(dict.fromkeys(f.claim for f in findings))
+        self._record("claims", self.notebook, [path, report], f"claims {ids}", runs, "")
 
 
 def write_index(results_root: str | Path) -> Path:

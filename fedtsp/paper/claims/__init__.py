@@ -1,0 +1,63 @@
+"""The papers' claims, the comparison that tests each one, and a verdict by one stated rule.
+
+`CLAIMS` (from `claims.toml`) lists what FedTSP and FMCL claim, with the paper's evidence
+and our test. Each notebook turns its own runs into `Finding`s with the function named
+after it (`semantics`, `main_table`, ...; `findings.py`): one paired comparison by seed per
+part of a claim, with the effect's 95 % interval and the verdict of `RULE` (`rule.py`). The
+notebook's `ResultsWriter.claims` stores them and rewrites `results/<profile>/claims.md`
+(+ `claims.csv`) from every notebook's findings (`report.py`), so no verdict is typed.
+"""
+
+from fedtsp.paper.claims.findings import (
+    ablations,
+    fmcl,
+    homogeneous,
+    main_table,
+    privacy,
+    semantics,
+    writers,
+)
+from fedtsp.paper.claims.registry import BY_ID, CLAIMS, Claim
+from fedtsp.paper.claims.report import findings_frame, reading, write_report
+from fedtsp.paper.claims.rule import (
+    CONTRADICTED,
+    HOLDS,
+    LEARNS,
+    NOT_SEPARATED,
+    NOT_TESTABLE,
+    RULE,
+    TOLERANCE,
+    VERDICTS,
+    Finding,
+    compare,
+    overall,
+    verdict,
+)
+
+__all__ = [
+    "BY_ID",
+    "CLAIMS",
+    "CONTRADICTED",
+    "HOLDS",
+    "LEARNS",
+    "NOT_SEPARATED",
+    "NOT_TESTABLE",
+    "RULE",
+    "TOLERANCE",
+    "VERDICTS",
+    "Claim",
+    "Finding",
+    "ablations",
+    "compare",
+    "findings_frame",
+    "fmcl",
+    "homogeneous",
+    "main_table",
+    "overall",
+    "privacy",
+    "reading",
+    "semantics",
+    "verdict",
+    "write_report",
+    "writers",
+]

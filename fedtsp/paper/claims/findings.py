@@ -1,0 +1,360 @@
+"""The findings of each notebook: which comparisons test its claims, on its own frames.
+
+One function per notebook (`semantics` for 02, `main_table` for 03, ...) takes the frames
+the notebook has built and returns one `Finding` per tested part of its claims.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+from fedtsp.paper.claims.rule import (
+    _EMPTY,
+    NOT_TESTABLE,
+    Finding,
+    by_seed,
+    compare,
+    strongest,
+)
+
+PROTOTYPE_BASELINES = ("FedProto", "FedTGP", "AlignFed")
+CLUSTERING_BASELINES = ("ifca", "cfl", "pacfl")
+
+
+def fedtsp_labels(methods: Iterable[str]) -> list[str]:
+    """The FedTSP variants among `methods` (one per text encoder)."""
+    return [m for m in dict.fromkeys(methods) if str(m).startswith("FedTSP")]
+
+
+def _versus_strongest(
+    claim: str,
+    scope: str,
+    frame: pd.DataFrame,
+    value: str,
+    ours: str,
+    rivals: Iterable[str],
+    column: str = "method",
+    **options: Any,
+) -> Finding:
+    rivals = [r for r in rivals if r != ours]
+    rival = strongest(frame, value, column, rivals, options.get("lower_is_better", False))
+    if rival is None:
+        return Finding(claim, scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
+    return compare(
+        claim,
+        scope,
+        f"{ours} - {rival} (strongest of {len(rivals)})"
+        if len(rivals) > 1
+        else f"{ours} - {rival}",
+        by_seed(frame, value, **{column: ours}),
+        by_seed(frame, value, **{column: rival}),
+        **options,
+    )
+
+
+def semantics(sem: pd.DataFrame) -> list[Finding]:
+    """Fig. 1 (e, f): rho and gap per method, dataset and seed."""
+    out = []
+    for claim, metric in (("F1", "rho"), ("F2", "gap")):
+        for ds, part in sem.groupby("dataset", sort=False):
+            for ours in fedtsp_labels(part["method"]):
+                others = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
+                out.append(_versus_strongest(claim, str(ds), part, metric, ours, others, unit=""))
+    return out
+
+
+def main_table(
+    main: pd.DataFrame,
+    hetero: pd.DataFrame,
+    curves: pd.DataFrame,
+    chance: Mapping[str, float],
+) -> list[Finding]:
+    """Table 1 (F3-F5), Appendix D (F6), Fig. 3 (F7), Fig. 4 (F8) and Fig. 6 (F9).
+
+    `chance`: accuracy (%) of a random guess per dataset; `curves`: per-round accuracy
+    (method, dataset, alpha, seed, round, acc) of Table 1's runs.
+    """
+    out = []
+    methods = list(main["method"].unique())
+    ours_all = fedtsp_labels(methods)
+    others = [m for m in methods if m not in ours_all]
+    columns = list(main.groupby(["dataset", "alpha"], sort=False).groups)
+    for ds, alpha in columns:
+        part = main[(main["dataset"] == ds) & (main["alpha"] == alpha)]
+        scope = f"{ds}, Dir({alpha:g})"
+        for ours in ours_all:
+            for claim, rivals in (("F3", PROTOTYPE_BASELINES), ("F4", others)):
+                out.append(
+                    _versus_strongest(
+                        claim, scope, part, "best_acc", ours, rivals, chance=chance[ds]
+                    )
+                )
+            out.append(
+                _versus_strongest(
+                    "F7", scope, part, "global_acc", ours, PROTOTYPE_BASELINES, chance=chance[ds]
+                )
+            )
+            out.append(
+                _versus_strongest(
+                    "F8", scope, part, "best_top5", ours, others, chance=5 * chance[ds]
+                )
+            )
+            out.append(_convergence(scope, curves, ds, alpha, ours))
+    for ds in dict.fromkeys(ds for ds, _ in columns):
+        alphas = sorted(a for d, a in columns if d == ds)
+        for ours in ours_all:
+            out.append(_heterogeneity_gain(main[main["dataset"] == ds], str(ds), alphas, ours))
+    for family, part in hetero.groupby("family", sort=False):
+        rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
+        ds = str(part["dataset"].iloc[0])
+        for ours in fedtsp_labels(part["method"]):
+            out.append(
+                _versus_strongest(
+                    "F6", f"{family}, {ds}", part, "best_acc", ours, rivals, chance=chance[ds]
+                )
+            )
+    return out
+
+
+def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours: str) -> Finding:
+    if len(alphas) < 2:
+        return Finding(
+            "F5",
+            ds,
+            f"gain of {ours} at the smallest minus the largest alpha",
+            _EMPTY,
+            NOT_TESTABLE,
+            f"the profile runs one alpha ({', '.join(f'{a:g}' for a in alphas)})",
+        )
+
+    def gain(alpha: float) -> dict[int, float]:
+        part = frame[frame["alpha"] == alpha]
+        rival = strongest(part, "best_acc", "method", PROTOTYPE_BASELINES)
+        mine = by_seed(part, "best_acc", method=ours)
+        theirs = by_seed(part, "best_acc", method=rival)
+        return {s: mine[s] - theirs[s] for s in mine.keys() & theirs.keys()}
+
+    low, high = alphas[0], alphas[-1]
+    return compare(
+        "F5",
+        ds,
+        f"gain of {ours} over the strongest prototype baseline, Dir({low:g}) minus Dir({high:g})",
+        gain(low),
+        gain(high),
+    )
+
+
+def _convergence(scope: str, curves: pd.DataFrame, ds: str, alpha: float, ours: str) -> Finding:
+    part = curves[(curves["dataset"] == ds) & (curves["alpha"] == alpha)]
+    best = part.groupby(["method", "seed"])["acc"].max().reset_index()
+    rival = strongest(best, "acc", "method", PROTOTYPE_BASELINES)
+    if rival is None:
+        return Finding("F9", scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
+    target = 0.95 * best[best["method"] == rival]["acc"].mean()
+    last = int(part["round"].max())
+
+    def rounds(method: str) -> dict[int, float]:
+        out = {}
+        for seed, run in part[part["method"] == method].groupby("seed"):
+            reached = run.loc[run["acc"] >= target, "round"]
+            out[int(seed)] = float(reached.min()) if len(reached) else float(last + 1)
+        return out
+
+    return compare(
+        "F9",
+        scope,
+        f"rounds to {target:.1f} %: {rival} minus {ours}",
+        rounds(ours),
+        rounds(rival),
+        lower_is_better=True,
+        unit="rounds",
+    )
+
+
+def ablations(
+    table2: pd.DataFrame,
+    controls: pd.DataFrame,
+    richness: pd.DataFrame,
+    rows: Sequence[str],
+    chance: Mapping[str, float],
+) -> list[Finding]:
+    """Table 2 (F10), the semantic controls (F11) and Fig. 5 left (F12).
+
+    `rows`: Table 2's row labels (1) to (5) in order.
+    """
+    out = []
+    r1, r2, r3, r4, r5 = rows
+    steps = ((r2, r1), (r3, r2), (r4, r2), (r5, r3), (r5, r4))
+    for encoder, part in table2.groupby("text_encoder", sort=False):
+        ds = str(part["dataset"].iloc[0])
+        for upper, lower in steps:
+            out.append(
+                compare(
+                    "F10",
+                    f"{encoder}, {ds}",
+                    f"{upper[:3]} - {lower[:3]}",
+                    by_seed(part, "best_acc", row=upper),
+                    by_seed(part, "best_acc", row=lower),
+                    chance=chance[ds],
+                )
+            )
+        text = by_seed(part, "best_acc", row=r2)
+        mine = controls[controls["text_encoder"] == encoder]
+        for control, targets in mine.groupby("control", sort=False):
+            out.append(
+                compare(
+                    "F11",
+                    f"{encoder}, {ds}",
+                    f"(2) text - {control} targets",
+                    text,
+                    by_seed(targets, "best_acc"),
+                    chance=chance[ds],
+                )
+            )
+    for ds, part in richness.groupby("dataset", sort=False):
+        for upper, lower in (("long", "short"), ("short", "manual")):
+            out.append(
+                compare(
+                    "F12",
+                    str(ds),
+                    f"{upper} - {lower}",
+                    by_seed(part, "best_acc", prompts=upper),
+                    by_seed(part, "best_acc", prompts=lower),
+                    chance=chance[str(ds)],
+                )
+            )
+    return out
+
+
+def writers(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+    """Fig. 5 right (F13): `runs` with columns description_set, writer, dataset, seed, best_acc.
+
+    The reference is the long set; a part is every set by another writer (the template,
+    which no one wrote, and sets by the reference's own writer are left out).
+    """
+    out = []
+    for ds, part in runs.groupby("dataset", sort=False):
+        ref = part[part["description_set"] == "long"]
+        if ref.empty:
+            continue
+        ref_writer = ref["writer"].iloc[0]
+        others = part[(part["writer"] != ref_writer) & (part["description_set"] != "manual")]
+        if others.empty:
+            out.append(
+                Finding(
+                    "F13",
+                    str(ds),
+                    "another writer's set - long",
+                    _EMPTY,
+                    NOT_TESTABLE,
+                    f"every description set here was written by {ref_writer}",
+                )
+            )
+        for desc, other in others.groupby("description_set", sort=False):
+            out.append(
+                compare(
+                    "F13",
+                    str(ds),
+                    f"{desc} ({other['writer'].iloc[0]}) - long ({ref_writer})",
+                    by_seed(other, "best_acc"),
+                    by_seed(ref, "best_acc"),
+                    kind="within",
+                    chance=chance[str(ds)],
+                )
+            )
+    return out
+
+
+def privacy(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+    """Table 4 (F14): `runs` with columns epsilon ("no DP" or the value), dataset, seed."""
+    out = []
+    for ds, part in runs.groupby("dataset", sort=False):
+        clean = by_seed(part, "best_acc", epsilon="no DP")
+        for eps in [e for e in part["epsilon"].unique() if e != "no DP"]:
+            out.append(
+                compare(
+                    "F14",
+                    f"{ds}, epsilon {eps}",
+                    f"epsilon {eps} - no DP",
+                    by_seed(part, "best_acc", epsilon=eps),
+                    clean,
+                    kind="no_worse",
+                    chance=chance[str(ds)],
+                )
+            )
+    return out
+
+
+def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+    """Table 3 (F15 GFL, F16 PFL): `runs` with columns block, method, dataset, seed,
+    setting_acc."""
+    out = []
+    for (block, ds), part in runs.groupby(["block", "dataset"], sort=False):
+        claim = "F15" if block == "GFL" else "F16"
+        rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
+        for ours in fedtsp_labels(part["method"]):
+            out.append(
+                _versus_strongest(
+                    claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, chance=chance[ds]
+                )
+            )
+    return out
+
+
+def fmcl(bench: pd.DataFrame) -> list[Finding]:
+    """The FMCL benchmark (M1-M3): `bench` rows of `fmcl.benchmark_row` (accuracy in [0, 1]).
+
+    Each finding names the baselines that found FMCL's very clusters on every seed, where
+    a difference of 0 is then no evidence either way.
+    """
+    out = []
+    frame = bench.assign(accuracy=100 * bench["best_acc"])
+    for population, part in frame.groupby("population", sort=False):
+        same = _same_clusters(part, "fmcl", CLUSTERING_BASELINES)
+        note = f"same clusters as FMCL on every seed: {', '.join(same)}" if same else ""
+        for claim, value, unit in (("M1", "accuracy", "points"), ("M2", "ari", "")):
+            found = _versus_strongest(
+                claim, str(population), part, value, "fmcl", CLUSTERING_BASELINES, unit=unit
+            )
+            out.append(_with_note(found, note))
+        out.append(_versus_strongest("M3", str(population), part, "accuracy", "fmcl", ["fedavg"]))
+    return out
+
+
+def _same_clusters(part: pd.DataFrame, ours: str, others: Iterable[str]) -> list[str]:
+    mine = {
+        int(r.seed): _canonical(r.assignment) for r in part[part["method"] == ours].itertuples()
+    }
+    same = []
+    for other in others:
+        theirs = {
+            int(r.seed): _canonical(r.assignment)
+            for r in part[part["method"] == other].itertuples()
+        }
+        if theirs and mine and all(theirs.get(s) == a for s, a in mine.items()):
+            same.append(other)
+    return same
+
+
+def _canonical(assignment: Sequence[int]) -> tuple[int, ...]:
+    """Cluster labels renamed in order of first appearance (the same partition, one name)."""
+    names: dict[int, int] = {}
+    return tuple(names.setdefault(int(a), len(names)) for a in assignment)
+
+
+def _with_note(finding: Finding, note: str) -> Finding:
+    if not note:
+        return finding
+    reason = f"{finding.reason}; {note}" if finding.reason else note
+    return Finding(
+        finding.claim,
+        finding.scope,
+        finding.comparison,
+        finding.effect,
+        finding.verdict,
+        reason,
+        finding.unit,
+    )

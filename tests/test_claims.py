@@ -1,0 +1,159 @@
+"""The claims registry, the verdict rule and the findings each notebook computes."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from fedtsp.paper import claims as C
+from fedtsp.paper.claims.registry import paper_gains
+from fedtsp.paper.reproduce import NOTEBOOKS_DIR
+from fedtsp.paper.statistics import Summary, summarize
+
+
+def _effect(*values: float) -> Summary:
+    return summarize(values)
+
+
+@pytest.mark.parametrize(
+    ("values", "kind", "expected"),
+    [
+        ((1.0, 1.2, 0.9), "above", C.HOLDS),
+        ((-1.0, -1.2, -0.9), "above", C.CONTRADICTED),
+        ((1.0, -1.0, 0.5), "above", C.NOT_SEPARATED),
+        ((2.0,), "above", C.NOT_TESTABLE),  # one seed: no interval
+        ((0.1, -0.1, 0.0), "within", C.HOLDS),
+        ((3.0, 3.2, 2.9), "within", C.CONTRADICTED),
+        ((-3.0, -3.2, -2.9), "within", C.CONTRADICTED),
+        ((0.5, 1.5, 1.0), "within", C.NOT_SEPARATED),
+        ((-0.5, -0.4, -0.6), "no_worse", C.HOLDS),
+        ((-2.0, -2.1, -1.9), "no_worse", C.CONTRADICTED),
+        ((-1.0, -0.5, -1.5), "no_worse", C.NOT_SEPARATED),
+    ],
+)
+def test_the_verdict_rule_reads_the_interval_against_zero_or_the_tolerance(values, kind, expected):
+    assert C.TOLERANCE == 1.0
+    assert C.verdict(_effect(*values), kind) == expected
+
+
+def test_the_rule_rejects_an_unknown_kind_and_states_its_numbers():
+    with pytest.raises(ValueError, match="kind='equal'"):
+        C.verdict(_effect(1.0, 2.0), "equal")
+    assert "95 %" in C.RULE and "5x chance" in C.RULE and "±1 point" in C.RULE
+
+
+def test_a_claim_combines_its_parts():
+    assert C.overall([C.HOLDS, C.HOLDS, C.NOT_TESTABLE]) == C.HOLDS
+    assert C.overall([C.HOLDS, C.NOT_SEPARATED]) == C.NOT_SEPARATED
+    assert C.overall([C.HOLDS, C.CONTRADICTED]) == C.CONTRADICTED
+    assert C.overall([C.NOT_TESTABLE]) == C.NOT_TESTABLE
+    assert C.overall([]) == C.NOT_TESTABLE
+
+
+def test_compare_pairs_by_seed_and_takes_the_claimed_direction():
+    ours, theirs = {0: 12.0, 1: 14.0, 2: 13.0, 3: 99.0}, {0: 10.0, 1: 11.0, 2: 11.0}
+    found = C.compare("F3", "x", "a - b", ours, theirs)
+    assert found.effect.n == 3  # seed 3 has no partner
+    assert found.effect.mean == pytest.approx((2 + 3 + 2) / 3)
+    assert found.verdict == C.HOLDS
+    # Fewer rounds is better: the effect is theirs minus ours.
+    fast = C.compare("F9", "x", "r", {0: 4, 1: 5}, {0: 9, 1: 9}, lower_is_better=True)
+    assert fast.effect.mean == pytest.approx(4.5)
+
+
+def test_a_setting_that_barely_learns_tests_nothing():
+    # Global accuracy of 12-13 % on a 10-class task: the better side is below 5x chance.
+    found = C.compare("F7", "cifar10", "g", {0: 12.0, 1: 13.0}, {0: 11.0, 1: 11.5}, chance=10.0)
+    assert found.verdict == C.NOT_TESTABLE
+    assert "below 5x chance (50 %)" in found.reason
+    learnt = C.compare("F7", "cifar10", "g", {0: 62.0, 1: 63.0}, {0: 51.0, 1: 51.5}, chance=10.0)
+    assert learnt.verdict == C.HOLDS and learnt.reason == ""
+
+
+def test_one_seed_or_no_runs_is_not_testable_with_the_reason():
+    one = C.compare("F14", "x", "e", {0: 20.0}, {0: 21.0}, kind="no_worse")
+    assert (one.verdict, one.reason) == (C.NOT_TESTABLE, "1 paired seed: no interval")
+    assert one.effect.mean == pytest.approx(-1.0) and math.isnan(one.effect.ci_low)
+    none = C.compare("F14", "x", "e", {}, {0: 21.0})
+    assert none.verdict == C.NOT_TESTABLE and "no runs" in none.reason
+
+
+def _main_frame(seeds=(0, 1, 2)) -> pd.DataFrame:
+    rows = []
+    accs = {"Local": 60.0, "FedProto": 55.0, "FedTGP": 56.0, "AlignFed": 40.0}
+    for seed in seeds:
+        noise = 0.1 * seed
+        for method, acc in accs.items():
+            rows.append((method, acc + noise, acc - 30, acc + 20, seed))
+        rows.append(("FedTSP-MiniLM", 58.0 + noise, 20.0, 80.0, seed))
+    frame = pd.DataFrame(rows, columns=["method", "best_acc", "global_acc", "best_top5", "seed"])
+    return frame.assign(dataset="cifar10", alpha=0.1, family="htfe-cpu", key="k")
+
+
+def test_main_table_findings_on_a_known_frame():
+    main = _main_frame()
+    curves = pd.DataFrame(
+        [
+            {"method": m, "dataset": "cifar10", "alpha": 0.1, "seed": s, "round": r, "acc": acc}
+            for m, rounds in (("FedTSP-MiniLM", (30, 50, 58)), ("FedTGP", (20, 40, 56)))
+            for s in (0, 1, 2)
+            for r, acc in enumerate(rounds)
+        ]
+    )
+    found = {f.claim: f for f in C.main_table(main, main.iloc[:0], curves, {"cifar10": 10.0})}
+    assert found["F3"].verdict == C.HOLDS  # +2 over FedTGP on every seed
+    assert found["F3"].comparison.startswith("FedTSP-MiniLM - FedTGP")
+    assert found["F4"].verdict == C.CONTRADICTED  # Local is 2 points above on every seed
+    assert found["F7"].verdict == C.NOT_TESTABLE  # global accuracy 26 %: below 50 %
+    assert found["F5"].verdict == C.NOT_TESTABLE and "one alpha" in found["F5"].reason
+    # FedTGP's best is 56: target 53.2 %, reached by FedTSP at round 2 and by FedTGP at
+    # round 2 too (56 >= 53.2): no difference on any seed.
+    assert found["F9"].effect.mean == 0 and found["F9"].unit == "rounds"
+    assert "F6" not in found  # no model-family runs
+
+
+def test_fmcl_findings_name_baselines_that_found_fmcls_clusters():
+    rows = []
+    for seed in (0, 1):
+        rows += [
+            ("fmcl", seed, [0, 0, 1, 1], 0.60 + 0.01 * seed, 1.0),
+            ("ifca", seed, [1, 1, 0, 0], 0.58 + 0.01 * seed, 1.0),  # same partition, renamed
+            ("pacfl", seed, [0, 0, 0, 0], 0.40, 0.0),
+            ("fedavg", seed, [0, 0, 0, 0], 0.40 + 0.02 * seed, 0.0),
+        ]
+    bench = pd.DataFrame(rows, columns=["method", "seed", "assignment", "best_acc", "ari"])
+    bench = bench.assign(population="label-groups", key="k")
+    found = {f.claim: f for f in C.fmcl(bench)}
+    assert "same clusters as FMCL on every seed: ifca" in found["M1"].reason
+    assert found["M1"].effect.mean == pytest.approx(2.0)  # points, fmcl - ifca
+    assert found["M2"].effect.mean == 0 and found["M2"].verdict == C.NOT_SEPARATED
+    assert found["M3"].verdict == C.HOLDS
+
+
+def test_every_claim_belongs_to_a_notebook_and_ids_are_unique():
+    notebooks = {p.stem for p in NOTEBOOKS_DIR.glob("*.ipynb")}
+    assert {c.notebook for c in C.CLAIMS} <= notebooks
+    assert len(C.BY_ID) == len(C.CLAIMS)
+    # The paper's evidence for Table 1 is computed from its numbers, not typed.
+    gains = paper_gains()
+    assert len(gains) == 9 and f"{min(gains.values()):+.2f}" in C.BY_ID["F3"].evidence
+
+
+def test_the_report_lists_every_claim_and_keeps_numbers_in_columns(tmp_path):
+    (tmp_path / "claims").mkdir()
+    findings = [
+        C.compare("F3", "cifar10, Dir(0.1)", "a - b", {0: 60.0, 1: 61.0}, {0: 58.0, 1: 58.5}),
+        C.compare("F3", "cifar100, Dir(0.1)", "a - b", {0: 26.0, 1: 25.0}, {0: 25.0, 1: 26.0}),
+    ]
+    C.findings_frame(findings).to_csv(tmp_path / "claims" / "03_main_table.csv", index=False)
+    C.write_report(tmp_path, "cpu")
+    text = (tmp_path / "claims.md").read_text()
+    assert "| F3 | FedTSP |" in text and "not separated" in text
+    assert "not run (08_fmcl wrote no findings)" in text
+    table = pd.read_csv(tmp_path / "claims.csv")
+    assert list(table["claim_verdict"]) == [C.NOT_SEPARATED, C.NOT_SEPARATED]
+    assert table["mean"].tolist() == pytest.approx([2.25, 0.0])
+    summary = (tmp_path / "claims_summary.md").read_text()
+    assert summary.count("\n| ") == len(C.CLAIMS)
