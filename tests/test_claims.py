@@ -42,6 +42,7 @@ def test_the_rule_rejects_an_unknown_kind_and_states_its_numbers():
     with pytest.raises(ValueError, match="kind='equal'"):
         C.verdict(_effect(1.0, 2.0), "equal")
     assert "95 %" in C.RULE and "5x chance" in C.RULE and "±1 point" in C.RULE
+    assert "halfway from chance to 100 %" in C.RULE
 
 
 def test_a_claim_combines_its_parts():
@@ -67,7 +68,8 @@ def test_a_setting_that_barely_learns_tests_nothing():
     # Global accuracy of 12-13 % on a 10-class task: the better side is below 5x chance.
     found = C.compare("F7", "cifar10", "g", {0: 12.0, 1: 13.0}, {0: 11.0, 1: 11.5}, chance=10.0)
     assert found.verdict == C.NOT_TESTABLE
-    assert "below 5x chance (50 %)" in found.reason
+    assert "below the 50 % a setting must reach (chance 10 %)" in found.reason
+    assert C.learning_threshold(1.0) == 5.0 and C.learning_threshold(50.0) == 75.0
     learnt = C.compare("F7", "cifar10", "g", {0: 62.0, 1: 63.0}, {0: 51.0, 1: 51.5}, chance=10.0)
     assert learnt.verdict == C.HOLDS and learnt.reason == ""
 

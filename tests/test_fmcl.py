@@ -179,6 +179,23 @@ def test_bad_clustering_options_fail_early():
 # --------------------------------------------------------------------------- baselines
 
 
+def test_pacfl_counts_clusters_by_its_own_angle_threshold():
+    from fedtsp.algorithms import resolve_options
+    from fedtsp.algorithms.pacfl import PACFL
+
+    opts = resolve_options("pacfl", {})
+    assert (opts.selection, opts.angle_statistic, opts.linkage) == ("threshold", "min", "average")
+    assert np.degrees(opts.distance_threshold) == pytest.approx(4.9)  # the authors' beta
+    d = np.full((4, 4), np.radians(10.0))
+    d[:2, :2], d[2:, 2:] = np.radians(1.0), np.radians(2.0)
+    np.fill_diagonal(d, 0.0)
+    labels, _ = cluster_clients(d, opts.clustering(), seed=0)
+    assert labels.tolist() == [0, 0, 1, 1]  # groups 10 degrees apart: two clusters
+    close = np.where(d > 0, np.radians(3.0), 0.0)
+    assert cluster_clients(close, opts.clustering(), seed=0)[0].tolist() == [0, 0, 0, 0]
+    assert PACFL.key_revision({}) == 1  # its runs before the rule keep their old keys
+
+
 def test_ifca_assign_picks_the_lowest_loss():
     losses = np.array([[0.9, 0.2, 0.5], [0.1, 0.3, 0.2], [0.4, 0.4, 0.1]])
     assert ifca_assign(losses).tolist() == [1, 0, 2]

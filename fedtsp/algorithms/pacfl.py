@@ -5,12 +5,24 @@ Each client sends, with its first upload, an orthonormal basis of the span of th
 leading left singular vectors of its data (per class, as the authors' code, or for all its
 data; `fedtsp.algorithms.clustering.subspaces`). The server measures the principal angles between
 every two clients' subspaces, reduces them to a distance (``angle_statistic``, radians) and
-clusters the distance matrix with the same one-shot clustering as FMCL.
+clusters the distance matrix once, before training.
+
+The number of clusters follows PACFL's own rule by default: agglomerative clustering with
+average linkage of the smallest principal angle between two clients' subspaces, merged
+while the closest pair is within the threshold beta (``distance_threshold``), 4.9 degrees
+as in the authors' CIFAR-10 script (``--cluster_alpha 4.9 --linkage average --n_basis 3``).
+Their code approximates the smallest principal angle by the smallest arccos of an entry of
+U_i^T U_j (never below the exact angle computed here), and its average linkage averages
+the two merged rows rather than all pairs. FMCL's silhouette choice of k stays an option
+(``selection="silhouette"``, ``angle_statistic="mean"``: the defaults of runs hashed
+before this rule, key revision 0).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +45,14 @@ class PACFLOptions(ClusteringFields):
     rank: int = option(3, "leading singular vectors per class (or per client)", ">= 1")
     per_class: bool = option(True, "one subspace per class (authors' code) or for all data")
     angle_statistic: str = option(
-        "mean", "distance from the principal angles: mean, min or sum", choices=ANGLE_STATISTICS
+        "min",
+        "distance from the principal angles: min (paper), mean or sum",
+        choices=ANGLE_STATISTICS,
+    )
+    # PACFL's own rule for the number of clusters (see the module docstring).
+    selection: str = option("threshold", "threshold (PACFL's beta) or silhouette (FMCL's rule)")
+    distance_threshold: float = option(
+        math.radians(4.9), "beta: merge while the smallest principal angle is below (radians)"
     )
 
 
@@ -41,6 +60,11 @@ class PACFLOptions(ClusteringFields):
 class PACFL(ClusteredFedAvg):
     name = "pacfl"
     Options = PACFLOptions
+
+    @classmethod
+    def key_revision(cls, algo_options: dict[str, Any]) -> int:
+        # Revision 1: the defaults became PACFL's own threshold rule (was FMCL's silhouette).
+        return 1
 
     def extra_upload(self, client: Client) -> dict[str, torch.Tensor]:
         images = pixels(client.train_x).cpu().numpy()

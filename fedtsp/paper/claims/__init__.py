@@ -30,6 +30,7 @@ from fedtsp.paper.claims.rule import (
     VERDICTS,
     Finding,
     compare,
+    learning_threshold,
     overall,
     verdict,
 )
@@ -52,6 +53,7 @@ __all__ = [
     "findings_frame",
     "fmcl",
     "homogeneous",
+    "learning_threshold",
     "main_table",
     "overall",
     "privacy",

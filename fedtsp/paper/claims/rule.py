@@ -38,8 +38,8 @@ RULE = (
     f"low end is above -{TOLERANCE:g} and is contradicted when its high end is below "
     f"-{TOLERANCE:g}. A part is **not testable here** without its runs, with fewer than "
     f"{MIN_SEEDS} paired seeds (no interval), or when the better of its two sides stays "
-    f"below {LEARNS:g}x chance accuracy (a setting that barely learns cannot separate "
-    f"methods). A claim is contradicted if any part is, holds if every testable part "
+    f"below {LEARNS:g}x chance accuracy, or below halfway from chance to 100 % where that "
+    f"is lower (a setting that barely learns cannot separate methods). A claim is contradicted if any part is, holds if every testable part "
     f"holds, is not testable if no part is, and is not separated otherwise."
 )
 
@@ -66,6 +66,12 @@ class Finding:
             "verdict": self.verdict,
             "reason": self.reason,
         }
+
+
+def learning_threshold(chance: float) -> float:
+    """Accuracy (%) the better side must reach for a part to be testable: `LEARNS` x chance,
+    capped at halfway from chance to 100 % (top-5 of ten classes: chance 50 %, need 75 %)."""
+    return min(LEARNS * chance, (100 + chance) / 2)
 
 
 _EMPTY = Summary(math.nan, math.nan, 0, math.nan, math.nan)
@@ -116,7 +122,7 @@ def compare(
     """`claimed` minus `other` paired by seed (reversed if lower is better), with its verdict.
 
     `chance` (in the values' unit): the part is not testable when neither side's mean
-    reaches `LEARNS` times it.
+    reaches `learning_threshold(chance)`.
     """
     if not claimed or not other:
         missing = "the claimed side" if not claimed else "the compared side"
@@ -131,12 +137,12 @@ def compare(
     if effect.n < MIN_SEEDS:
         reason = f"{effect.n} paired seed: no interval"
     elif chance is not None:
-        best = max(_mean(claimed), _mean(other))
-        if best < LEARNS * chance:
+        best, needed = max(_mean(claimed), _mean(other)), learning_threshold(chance)
+        if best < needed:
             result = NOT_TESTABLE
             reason = (
-                f"the better side reaches {best:.1f} %, below {LEARNS:g}x chance "
-                f"({LEARNS * chance:.0f} %): the setting barely learns"
+                f"the better side reaches {best:.1f} %, below the {needed:.0f} % a setting "
+                f"must reach (chance {chance:.0f} %): the setting barely learns"
             )
     return Finding(claim, scope, comparison, effect, result, reason, unit)
 
