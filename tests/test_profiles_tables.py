@@ -197,3 +197,21 @@ def test_auto_data_falls_back_to_default_places_per_dataset(tmp_path, monkeypatc
     assert auto.get("fmnist").train_images.shape[1:] == (1, 28, 28)
     explicit = DataSource(str(tmp_path))  # an explicit path never falls back
     assert explicit.missing_reason("fmnist").startswith("fmnist skipped: no offline copy")
+
+
+def test_a_profile_can_give_each_seed_its_own_partition():
+    from fedtsp.paper.experiments import partition_seed_of
+    from fedtsp.paper.fmcl.benchmark import benchmark_config
+
+    base = {"num_clients": 4, "fraction": 0.5, "family": "htfe-cpu", "rounds": 2}
+    own = [method_config(base | {"partition_seed": "seed"}, "FedProto", seed=s) for s in (0, 2)]
+    assert [c.partition_seed for c in own] == [0, 2]
+    fixed = method_config(base, "FedProto", seed=2)
+    assert fixed.partition_seed == 1  # the authors' protocol: one partition for every seed
+    assert own[1].key() != fixed.key()
+    assert benchmark_config("label-groups", "fmcl", 3, partition_seed="seed").partition_seed == 3
+    assert benchmark_config("label-groups", "fmcl", 3).partition_seed == 1
+    with pytest.raises(ConfigError, match="partition_seed='x' is invalid"):
+        partition_seed_of("x", 0)
+    paper = notebook_parameters("paper", "03_main_table")
+    assert paper["base"]["partition_seed"] == 1

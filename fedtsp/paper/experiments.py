@@ -159,10 +159,21 @@ def method_config(
     # "trainable_prompts": True given or not) has one key and is run once.
     defaults = vars(resolve_options(algorithm, {}))
     options = {k: v for k, v in options.items() if k not in defaults or defaults[k] != v}
-    config = RunConfig.from_dict(
-        {**base, **fields, "algorithm": algorithm, "algo_options": options}
+    merged = {**base, **fields, "algorithm": algorithm, "algo_options": options}
+    merged["partition_seed"] = partition_seed_of(
+        merged.get("partition_seed", 1), merged.get("seed", 0)
     )
-    return check_run(config, here=False)  # the device is checked when the run starts
+    return check_run(RunConfig.from_dict(merged), here=False)  # device: checked at the start
+
+
+def partition_seed_of(value: int | str, seed: int) -> int:
+    """A profile's `partition_seed`: a fixed integer (the authors' protocol: 1 for every
+    seed), or "seed" for a partition of each seed's own (its spread then includes it)."""
+    if value == "seed":
+        return int(seed)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f'partition_seed={value!r} is invalid; must be an integer or "seed"')
+    return value
 
 
 def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any]:

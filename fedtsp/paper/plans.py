@@ -239,6 +239,7 @@ def fmcl_benchmark(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
         arch=params["fmcl_arch"],
         lr=params["fmcl_lr"],
         encoder_input_size=params["encoder_input_size"],
+        partition_seed=params.get("partition_seed", 1),
     )
 
 

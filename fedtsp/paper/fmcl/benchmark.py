@@ -35,7 +35,7 @@ from fedtsp.core.config import RunConfig
 from fedtsp.data import ImageDataset
 from fedtsp.data.populations import POPULATIONS
 from fedtsp.engine.runspec import check_run
-from fedtsp.paper.experiments import DataSource, RunSpec, run_all
+from fedtsp.paper.experiments import DataSource, RunSpec, partition_seed_of, run_all
 from fedtsp.paper.statistics import summarize
 
 __all__ = [
@@ -77,8 +77,11 @@ def benchmark_config(
     encoder_input_size: int | None = 96,
     method_options: dict[str, dict[str, Any]] | None = None,
     device: str = "cpu",
+    partition_seed: int | str = 1,
 ) -> RunConfig:
-    """The run of ``method`` on ``population`` with one seed, checked (one clear error)."""
+    """The run of ``method`` on ``population`` with one seed, checked (one clear error).
+
+    ``partition_seed``: fixed (1, the default) or ``"seed"`` (each seed its own clients)."""
     if population not in POPULATIONS:
         names = ", ".join(POPULATIONS)
         raise ValueError(f"unknown population {population!r}; choose one of {names}")
@@ -106,6 +109,7 @@ def benchmark_config(
         batch_size=batch_size,
         lr=lr,
         seed=seed,
+        partition_seed=partition_seed_of(partition_seed, seed),
         client_init="shared",  # every client starts from the same weights
         device=device,
     )
