@@ -54,6 +54,16 @@ def test_benchmark_outputs_name_command_code_and_machine(name):
     assert md.startswith(f"Measured at code {data['code']['git_commit'][:7]} on ")
 
 
+def test_the_readme_headline_is_the_committed_claims_and_table_1():
+    text = (REPO / "README.md").read_text()
+    found = readme.blocks(text, "results")
+    assert {"cpu/claims_summary", "cpu/tables/table1_accuracy"} <= set(found)
+    for name, body in found.items():
+        assert body == (REPO / "results" / f"{name}.md").read_text(), f"README block {name}"
+    assert "| Local |" in found["cpu/tables/table1_accuracy"]
+    assert found["cpu/claims_summary"].count("\n| ") >= 19  # one row per registered claim
+
+
 def test_sync_rewrites_a_stale_block_and_refuses_a_missing_file(tmp_path):
     (tmp_path / "t.md").write_text("| a |\n")
     text = "x\n<!-- benchmark:t -->\nold\n<!-- /benchmark:t -->\ny\n"
@@ -63,6 +73,10 @@ def test_sync_rewrites_a_stale_block_and_refuses_a_missing_file(tmp_path):
     )
     with pytest.raises(SystemExit, match="no u.md"):
         readme.synced("<!-- benchmark:u -->\n<!-- /benchmark:u -->", tmp_path)
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "c.md").write_text("| v |\n")
+    text = "<!-- results:cpu/c -->\nold\n<!-- /results:cpu/c -->\n"
+    assert readme.synced(text, tmp_path, tmp_path) == text.replace("old\n", "| v |\n")
 
 
 def test_speed_table_reports_speed_ups_and_a_skipped_fast_path():
