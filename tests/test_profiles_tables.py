@@ -14,7 +14,7 @@ from fedtsp.paper.experiments import DataSource, method_config
 from fedtsp.paper.outputs import ResultsWriter, write_index
 from fedtsp.paper.plans import notebook_plan
 from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
-from fedtsp.paper.tables import best_mask, mean_std, to_latex, to_markdown
+from fedtsp.paper.tables import best_mask, mean_std, reading, to_latex, to_markdown
 
 
 def test_profiles_load_and_cover_every_notebook():
@@ -102,9 +102,12 @@ def test_plans_share_runs_between_notebooks():
         for n in ("03_main_table", "02_prototype_semantics", "04_ablations", "05_llm_robustness")
     )
     # Fig. 1 reads the prototypes of Table 1's runs; Table 2's row (5) and Fig. 5's "long"
-    # bar are Table 1's FedTSP; notebook 05's committed set too.
+    # bar are Table 1's FedTSP. Fig. 5's long, short and template bars are Table 2's prompt
+    # variants on CIFAR-10, so only WordNet's glosses cost a run of their own.
     assert semantics <= main
-    assert llm <= main
+    assert len(llm & main) == 1
+    assert len(llm & ablation) == 3
+    assert len(llm - main - ablation) == 1
     # CIFAR-100 Local (row 1) and FedTSP (row 5), CIFAR-10 FedTSP (Fig. 5's "long"); one seed.
     assert len(ablation & main) == 3
     assert len(main) == 12 * 2 + 2 * 2 - 2  # Table 1 on 2 datasets + 2 families x 2 methods
@@ -215,3 +218,24 @@ def test_a_profile_can_give_each_seed_its_own_partition():
         partition_seed_of("x", 0)
     paper = notebook_parameters("paper", "03_main_table")
     assert paper["base"]["partition_seed"] == 1
+
+
+def test_a_reading_names_the_leader_the_gap_and_a_setting_that_barely_learns():
+    frame = pd.DataFrame(
+        {
+            "method": ["A", "A", "B", "B", "C", "C"],
+            "dataset": ["d1"] * 6,
+            "seed": [0, 1] * 3,
+            "acc": [10.0, 12.0, 9.0, 9.5, 3.0, 3.0],
+        }
+    )
+    _, _, numbers = mean_std(frame, "method", "dataset", "acc")
+    assert reading(numbers, "method", "dataset") == (
+        "Reading: d1: A leads with 11.00 ± 1.41, 1.75 ahead of B."
+    )
+    low = reading(numbers, "method", "dataset", floor=lambda key: 50.0)
+    assert "below the 50 % a setting must reach to compare methods: not a result" in low
+    fast = reading(numbers, "method", "dataset", higher_is_better=False)
+    assert fast.startswith("Reading: d1: C leads with 3.00 (n = 2, all equal)")
+    tie = numbers.assign(mean=[5.0, 5.0, 1.0])
+    assert ", tied with B" in reading(tie, "method", "dataset")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pandas as pd
 
 from fedtsp.paper.statistics import cell, summary_frame
@@ -29,6 +31,48 @@ def mean_std(
     )
     text = cells.unstack(cols, sort=False).reindex_like(means).fillna("-")
     return text, means, numbers
+
+
+def reading(
+    numbers: pd.DataFrame,
+    row: str,
+    by: str | list[str],
+    decimals: int = 2,
+    higher_is_better: bool = True,
+    floor: Callable[[tuple], float | None] | None = None,
+) -> str:
+    """ "Reading: ..." — per column of a table (`by`), its leading row and the runner-up with
+    the gap between their means, from the numeric frame of `mean_std`.
+
+    `floor(column) -> value or None`: the level a setting must reach before its numbers
+    compare methods (`fedtsp.paper.claims.learning_threshold`); a column whose leader stays
+    below it is read as such, not as a ranking.
+    """
+    cols = _list(by)
+    parts = []
+    for key, part in numbers.groupby(cols, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        name = ", ".join(str(k) for k in key)
+        ranked = part.dropna(subset=["mean"]).sort_values("mean", ascending=not higher_is_better)
+        if ranked.empty:
+            continue
+        top = ranked.iloc[0]
+        text = f"{name}: {top[row]} leads with {cell(top['mean'], top['std'], top['n'], decimals)}"
+        if len(ranked) > 1:
+            second = ranked.iloc[1]
+            gap = round(abs(top["mean"] - second["mean"]), decimals)
+            text += (
+                f", {gap:.{decimals}f} ahead of {second[row]}"
+                if gap
+                else f", tied with {second[row]}"
+            )
+        level = floor(key) if floor is not None else None
+        if level is not None and (top["mean"] < level) == higher_is_better:
+            text += (
+                f" (below the {level:.0f} % a setting must reach to compare methods: not a result)"
+            )
+        parts.append(text)
+    return "Reading: " + "; ".join(parts) + "." if parts else "Reading: no numbers."
 
 
 def best_mask(means: pd.DataFrame, higher_is_better: bool = True) -> pd.DataFrame:
