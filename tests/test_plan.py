@@ -24,8 +24,9 @@ def smoke():
 
 def test_new_runs_are_estimated_from_their_images_and_the_calibration(smoke, tmp_path):
     profile, notebooks = smoke
-    runs, speeds = plan.make_plan(profile, notebooks, tmp_path, workers=1)
+    runs, speeds = plan.make_plan(profile, notebooks, tmp_path, workers=1, measured_from=[])
     assert len(runs) > 4 and not any(r.stored for r in runs)
+    assert {r.source for r in runs} == {"calibration"}
     assert len({r.key for r in runs}) == len(runs)
     run = runs[0]
     c = run.config
@@ -38,6 +39,26 @@ def test_new_runs_are_estimated_from_their_images_and_the_calibration(smoke, tmp
     expected = sum(t / speeds[a][0] + e / speeds[a][1] for a, (t, e) in run.images.items())
     assert run.seconds == pytest.approx(expected)
     assert all(t > 0 and e > 0 for t, e in speeds.values())
+
+
+def test_a_run_with_a_measured_twin_is_estimated_by_its_wall_time(smoke, tmp_path, capsys):
+    profile, notebooks = smoke
+    runs, _ = plan.make_plan(profile, notebooks, tmp_path, workers=1, measured_from=[])
+    target = runs[0].config
+    other_seed = target.replace(seed=target.seed + 7, partition_seed=target.partition_seed + 7)
+    store = RunStore(tmp_path / "measured")
+    for i, (config, wall) in enumerate([(other_seed, 30.0), (other_seed, 50.0), (target, 90.0)]):
+        # Two twins (medians: 40 s); the third record is another run's and must not count.
+        changed = config if i < 2 else config.replace(rounds=config.rounds + 1)
+        record = {"key": f"k{i}", "config": changed.to_dict(), "timings": {"wall": wall}}
+        store.save(record)
+    runs, _ = plan.make_plan(
+        profile, notebooks, tmp_path, workers=2, measured_from=[store.root, tmp_path / "absent"]
+    )
+    twins = [r for r in runs if r.source == "twin"]
+    assert runs[0] in twins and all(r.seconds == pytest.approx(40.0) for r in twins)
+    assert any(r.source == "calibration" for r in runs)
+    assert sorted(len(v) for v in plan.measured_walls([store.root]).values()) == [1, 2]
 
 
 def test_stored_runs_are_listed_and_not_estimated(smoke, tmp_path, monkeypatch, capsys):
@@ -54,6 +75,8 @@ def test_stored_runs_are_listed_and_not_estimated(smoke, tmp_path, monkeypatch, 
     assert f"{len(runs)} runs: 1 in the store, {len(runs) - 1} to run" in out
     assert f"{first[:10]}  stored" in out
     assert "Estimated wall time of the new runs:" in out
+    assert f"0 of {len(runs) - 1} estimated from the measured wall time" in out
+    assert " >=" in out  # a calibrated estimate is marked as a lower bound
 
 
 def test_an_absent_device_gives_image_counts_instead(smoke, tmp_path, monkeypatch, capsys):

@@ -1,14 +1,18 @@
 """`fedtsp reproduce --profile P --plan`: what a reproduction would run, and for how long.
 
 Lists every run the selected notebooks need, stored or new, and estimates the new runs'
-wall time on this machine from a short calibration: a few training steps and one
-inference batch of each architecture the new runs use, on the profile's device, at the
-thread count the runs get (one per worker on CPU). A run's estimate is its client-model
-work, ``rounds x local_epochs x train images / training speed + evaluations x test images
-/ inference speed``, summed over its clients' architectures. It leaves out server steps
-(FedTSP's prompt tuning, FedTGP's prototype training) and second client models (FML,
-FedKD, FedMRL), so it is a lower bound for those methods; notebook-only work (08's FMCL
-benchmark) comes from the last reproduction's timings on this machine, where there are any.
+wall time on this machine. A new run whose twin was measured, a stored run of the same
+config but for its seed and partition seed (in the store planned for, or in the
+repository's committed store of the profile), is estimated by the twins' median wall time:
+it includes everything the run does. Any other run is estimated from a short calibration:
+a few training steps and one inference batch of each architecture the new runs use, on the
+profile's device, at the thread count the runs get (one per worker on CPU); its estimate is
+its client-model work, ``rounds x local_epochs x train images / training speed +
+evaluations x test images / inference speed``, summed over its clients' architectures. That
+leaves out server steps (FedTSP's prompt tuning, FedTGP's prototype training) and second
+client models (FML, FedKD, FedMRL), so it is a lower bound for those methods, and the plan
+says how many runs it covers. Notebook-only work comes from the last reproduction's timings
+on this machine, where there are any.
 Where the profile's device is absent here, the plan gives the image counts per
 architecture instead, to multiply by the device's speed.
 """
@@ -21,9 +25,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.config import ConfigError, RunConfig, stable_hash
+from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
 from fedtsp.engine.build import global_test_indices, partition_dataset
 from fedtsp.engine.loop import global_eval_due
@@ -43,6 +49,35 @@ class PlannedRun:
     # Images through each architecture: (training, inference), over the whole run.
     images: dict[str, tuple[int, int]] = field(default_factory=dict)
     seconds: float | None = None
+    # "twin": the median wall time of stored runs that differ only in the seed; "calibration":
+    # the client-model work at the calibrated speeds (a lower bound).
+    source: str | None = None
+
+
+def twin_signature(config: RunConfig | dict) -> str:
+    """What a run's cost depends on: its config without the seed and the partition seed."""
+    values = config.to_dict() if isinstance(config, RunConfig) else config
+    values = RunConfig.from_dict(values).to_dict()  # older records: today's defaults filled in
+    return stable_hash({k: v for k, v in values.items() if k not in ("seed", "partition_seed")})
+
+
+def measured_walls(stores: list[Path]) -> dict[str, list[float]]:
+    """Wall seconds of the stored runs, grouped by `twin_signature` (unreadable ones skipped)."""
+    walls: dict[str, list[float]] = defaultdict(list)
+    seen: set[str] = set()
+    for root in stores:
+        if not root.is_dir():
+            continue
+        for record in RunStore(root).records():
+            wall = (record.get("timings") or {}).get("wall")
+            if record.get("key") in seen or not wall:
+                continue
+            seen.add(record["key"])
+            try:
+                walls[twin_signature(record["config"])].append(float(wall))
+            except (ConfigError, TypeError, KeyError):
+                continue  # a record from a config version this code cannot read
+    return walls
 
 
 def run_images(config: RunConfig, source: DataSource) -> dict[str, tuple[int, int]]:
@@ -108,11 +143,22 @@ def device_available(device: str) -> bool:
 
 
 def make_plan(
-    profile: Profile, notebooks: list[Path], results_root: Path, workers: int
+    profile: Profile,
+    notebooks: list[Path],
+    results_root: Path,
+    workers: int,
+    measured_from: list[Path] | None = None,
 ) -> tuple[list[PlannedRun], dict[str, tuple[float, float]]]:
-    """Every run of the notebooks (first mention of a key wins) and the calibration used."""
+    """Every run of the notebooks (first mention of a key wins) and the calibration used.
+
+    `measured_from`: stores whose records' wall times estimate their twins (default: the
+    planned store and the repository's committed store of the profile).
+    """
     source = DataSource(profile.data, profile.synthetic_per_class)
     store = RunStore(results_root / profile.name / "runs")
+    if measured_from is None:
+        measured_from = [store.root, REPO_ROOT / "results" / profile.name / "runs"]
+    walls = measured_walls(measured_from)
     runs: dict[str, PlannedRun] = {}
     for nb in notebooks:
         params = notebook_parameters(profile, nb.stem, results_root)
@@ -124,12 +170,17 @@ def make_plan(
                 runs[key] = PlannedRun(nb.stem, spec.config, key, stored)
     new = [r for r in runs.values() if not r.stored]
     for run in new:
+        twins = walls.get(twin_signature(run.config))
+        if twins:
+            run.seconds, run.source = float(np.median(twins)), "twin"
+    uncalibrated = [r for r in new if r.source is None]
+    for run in uncalibrated:
         run.images = run_images(run.config, source)
     speeds: dict[str, tuple[float, float]] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if workers > 1 else threads)  # as the runs will get them
     try:
-        for run in new:
+        for run in uncalibrated:
             if not device_available(run.config.device):
                 continue
             for arch in run.images:
@@ -138,6 +189,7 @@ def make_plan(
             run.seconds = sum(
                 t / speeds[arch][0] + e / speeds[arch][1] for arch, (t, e) in run.images.items()
             )
+            run.source = "calibration"
     finally:
         torch.set_num_threads(threads)
     return list(runs.values()), speeds
@@ -155,7 +207,7 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
     )
     for r in runs:
         c = r.config
-        estimate = "-" if r.stored else (_hours(r.seconds) if r.seconds is not None else "?")
+        estimate = "-" if r.stored else _estimate(r)
         print(
             f"{r.notebook:<26} {c.algorithm:<12} {c.population or c.dataset:<14} "
             f"{c.family:<16} {c.rounds:>6} {c.seed:>4}  {r.key[:10]}  "
@@ -164,15 +216,33 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
     if not new:
         print("\nNothing to run: every run is in the store.")
     elif all(r.seconds is not None for r in new):
-        total = sum(r.seconds for r in new) / (workers if device == "cpu" else 1)
+        divisor = workers if device == "cpu" else 1
+        total = sum(r.seconds for r in new) / divisor
         unit = "GPU-hours" if device.startswith("cuda") else "hours"
-        print(
-            f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit});"
+        twins = sum(r.source == "twin" for r in new)
+        calibrated = (
+            ", the others (marked >=) from the calibration: a lower bound"
+            if twins < len(new)
+            else ""
         )
         print(
-            "calibrated images/s (training, inference): "
-            + ", ".join(f"{a} {t:,.0f} / {e:,.0f}" for a, (t, e) in speeds.items())
+            f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit}"
+            f"{f' at {workers} workers' if divisor > 1 else ''}); {twins} of {len(new)} "
+            "estimated from the measured wall time of stored twins (runs of the same config, "
+            f"any seed){calibrated}."
         )
+        per_notebook: Counter[str] = Counter()
+        for r in new:
+            per_notebook[r.notebook] += r.seconds / divisor
+        print(
+            "By notebook (a run shared between notebooks counts for the first): "
+            + ", ".join(f"{nb} {_hours(sec)}" for nb, sec in per_notebook.items())
+        )
+        if speeds:
+            print(
+                "calibrated images/s (training, inference): "
+                + ", ".join(f"{a} {t:,.0f} / {e:,.0f}" for a, (t, e) in speeds.items())
+            )
     else:
         per_arch: Counter[str] = Counter()
         for r in new:
@@ -188,6 +258,12 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
         wanted = {nb.stem for nb in notebooks}
         seconds = sum(s for name, s in measured.items() if name in wanted)
         print(f"Notebooks' own work, as last measured here: {_hours(seconds)}.")
+
+
+def _estimate(run: PlannedRun) -> str:
+    if run.seconds is None:
+        return "?"
+    return (">=" if run.source == "calibration" else "") + _hours(run.seconds)
 
 
 def _hours(seconds: float) -> str:
