@@ -135,3 +135,14 @@ def test_empty_store_table_states_the_ratio_against_the_target_and_differing_tab
     assert "Now / before: 0.70 (target <= 0.60: not met)" in lines[7]
     assert "13 of 14 (differ: table1.csv)" in lines[7]
     assert empty._clock(59.6) == "60 s"
+
+
+def test_plan_costs_add_up_the_plan_of_every_notebook():
+    plan_costs = _load("plan_costs")
+    plan = plan_costs.plan_cost("smoke")
+    assert plan["runs"] > 10 and 0 <= plan["from_twins"] <= plan["runs"]
+    assert plan["seconds"] > 0
+    assert plan["seconds"] == pytest.approx(sum(plan["per_notebook_seconds"].values()))
+    assert set(plan["per_notebook_seconds"]) <= {p.stem for p in (REPO / "notebooks").glob("0*")}
+    row = plan_costs.table([plan]).splitlines()[2]
+    assert row.startswith(f"| `smoke` | cpu, {plan['workers']} | 0 | {plan['runs']} |")
