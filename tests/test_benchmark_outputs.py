@@ -31,6 +31,7 @@ EXPECTED_BLOCKS = {
     "bench_server",
     "fast_path_accuracy",
     "code_metrics_change",
+    "plan_costs",
 }
 
 
