@@ -5,6 +5,7 @@
     python benchmarks/bench.py --part round --data ../shared/data/cifar10-jpg.tar.gz
     python benchmarks/bench.py --part server
     python benchmarks/bench.py --part engines --data ../shared/data/cifar10-jpg.tar.gz
+    python benchmarks/bench.py --part workers
 
 Part "models": training images/s of every architecture of the chosen families (batch 100,
 32x32, forward + backward + SGD step, fp32, the machine's default thread count), with
@@ -20,6 +21,10 @@ uploads from 20 clients holding ~20 classes each, at the cpu profile's settings.
 Part "engines": the same small CIFAR-10 run (one thread per process) on the in-process
 simulator, on Flower's simulation engine and as Flower processes on 127.0.0.1: wall time
 and the largest per-round accuracy difference from the simulator (needs fedtsp[flower]).
+Part "workers": NumPy work inside the batch runner's worker processes, two side by side as
+`fedtsp reproduce` runs them: AlignFed's anchor construction for 100 classes (its set-up on
+CIFAR-100), with the workers' threads limited for torch only (as before 5db2408) and for
+every thread pool (``experiments.single_thread_worker``).
 
 Each part writes ``bench_<part>.json`` (figures, setting, command, code version, machine
 facts) and ``bench_<part>.md`` (the table the README shows) to ``--out-dir``.
@@ -28,8 +33,11 @@ facts) and ``bench_<part>.md`` (the table the README shows) to ``--out-dir``.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -215,6 +223,48 @@ def bench_server(algorithms: list[str], clients: int, steps: int) -> tuple[dict[
     return {"setting": {"clients": clients, "steps": steps}, "algorithms": rows}, "\n".join(lines)
 
 
+def _torch_only_worker() -> None:
+    torch.set_num_threads(1)  # the runner's worker initialiser before 5db2408
+
+
+def _anchor_seconds(iters: int) -> float:
+    from fedtsp.algorithms.alignfed import uniform_anchors
+
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    uniform_anchors(100, 512, iters, lr=0.1, tau=0.5)
+    return time.perf_counter() - start
+
+
+def bench_workers(workers: int, iters: int) -> tuple[dict[str, Any], str]:
+    from fedtsp.algorithms.alignfed import AlignFedOptions
+    from fedtsp.paper.experiments import single_thread_worker
+
+    run_iters = AlignFedOptions().anchor_iters  # what one AlignFed run does in its set-up
+    cases = {"torch only (before)": _torch_only_worker, "every pool (now)": single_thread_worker}
+    rows = {}
+    for label, initializer in cases.items():
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer) as pool:
+            list(pool.map(_anchor_seconds, [10] * workers))  # start the workers, load modules
+            seconds = list(pool.map(_anchor_seconds, [iters] * workers))
+        per_run = statistics.median(seconds) * run_iters / iters
+        rows[label] = {"seconds": seconds, "seconds_per_run": per_run}
+        print(f"{label}: {per_run:.1f} s per run", flush=True)
+    before, now = (r["seconds_per_run"] for r in rows.values())
+    lines = [
+        f"AlignFed's anchor set-up for 100 classes (d = 512, {run_iters:,} steps, timed on "
+        f"{iters:,} and scaled) in {workers} worker processes side by side",
+        "",
+        "| worker threads limited for | seconds per run (median over workers) |",
+        "| --- | ---: |",
+    ]
+    lines += [f"| {label} | {r['seconds_per_run']:.1f} |" for label, r in rows.items()]
+    lines += ["", f"Speed-up: {before / now:.1f}x."]
+    setting = {"workers": workers, "timed_steps": iters, "steps_per_run": run_iters}
+    return {"setting": setting, "cases": rows, "speedup": before / now}, "\n".join(lines)
+
+
 ENGINES = ("simulator", "flower-sim", "flower-processes")
 
 
@@ -275,7 +325,9 @@ def bench_engines(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--part", choices=["models", "round", "server", "engines", "all"], default="all"
+        "--part",
+        choices=["models", "round", "server", "engines", "workers", "all"],
+        default="all",
     )
     parser.add_argument("--families", nargs="+", default=["htfe-cpu", "htfe2", "htfe9"])
     parser.add_argument("--batch", type=int, default=100)
@@ -294,6 +346,8 @@ def main() -> None:
     parser.add_argument("--engine-algorithms", nargs="+", default=["fedproto", "fedtsp"])
     parser.add_argument("--engine-clients", type=int, default=5)
     parser.add_argument("--engine-rounds", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=2, help="workers part: processes")
+    parser.add_argument("--anchor-steps", type=int, default=5000, help="workers part: timed")
     parser.add_argument(
         "--out-dir",
         default=str(RESULTS),
@@ -312,6 +366,7 @@ def main() -> None:
         "engines": lambda: bench_engines(
             args.data, args.family, args.engine_algorithms, args.engine_clients, args.engine_rounds
         ),
+        "workers": lambda: bench_workers(args.workers, args.anchor_steps),
     }
     chosen = ["models", "round", "server"] if args.part == "all" else [args.part]
     code = code_version()  # what is measured: the code as it is now
