@@ -147,3 +147,26 @@ def test_plan_costs_add_up_the_plan_of_every_notebook():
     assert set(plan["per_notebook_seconds"]) <= {p.stem for p in (REPO / "notebooks").glob("0*")}
     row = plan_costs.table([plan]).splitlines()[2]
     assert row.startswith(f"| `smoke` | cpu, {plan['workers']} | 0 | {plan['runs']} |")
+
+
+def test_reproduce_times_show_each_profile_and_the_empty_store_baseline():
+    times = _load("reproduce_times")
+    notebooks = {"01_descriptions": 30.0, "02_prototype_semantics": 50.0}
+    result = {
+        "profiles": {
+            "smoke": {"store": "empty", "runs": 61, "seconds": 200.0, "runs_seconds": 120.0}
+            | {"notebooks": notebooks},
+            "cpu": {"store": "committed", "runs": 146, "seconds": 170.0, "runs_seconds": 3.0}
+            | {"notebooks": {"03_main_table": 167.0}, "same_tables": {"tables": 9, "differ": []}},
+        },
+        "empty_store_baseline": {"what": "one run", "profile": "cpu", "code": "4e74747"}
+        | {"seconds": 6226.4, "runs_seconds": 5324.8, "runs": 84},
+    }
+    lines = times.table(result).splitlines()
+    assert lines[2] == "| `smoke` | empty | 61 run | 200 s | 120 s | 80 s |"
+    assert lines[3] == "| `cpu` | committed | 146 reused | 170 s | 3 s | 167 s |"
+    assert lines[4] == (
+        "| `cpu` | empty (code 4e74747, measured once) | 84 federated run "
+        "| 1 h 43 min (6,226 s) | 1 h 28 min (5,325 s) | 902 s |"
+    )
+    assert "equal the committed ones: 9 of 9." in lines[6]
