@@ -29,6 +29,8 @@ EXPECTED_BLOCKS = {
     "bench_models",
     "bench_round",
     "bench_server",
+    "bench_workers",
+    "reproduce_times",
     "fast_path_accuracy",
     "code_metrics_change",
     "plan_costs",
