@@ -242,9 +242,9 @@ def bench_workers(workers: int, iters: int) -> tuple[dict[str, Any], str]:
 
     run_iters = AlignFedOptions().anchor_iters  # what one AlignFed run does in its set-up
     cases = {"torch only (before)": _torch_only_worker, "every pool (now)": single_thread_worker}
+    ctx = multiprocessing.get_context("spawn")
     rows = {}
     for label, initializer in cases.items():
-        ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer) as pool:
             list(pool.map(_anchor_seconds, [10] * workers))  # start the workers, load modules
             seconds = list(pool.map(_anchor_seconds, [iters] * workers))

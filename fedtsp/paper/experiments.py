@@ -188,8 +188,8 @@ def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: s
 def single_thread_worker() -> None:
     """Initialiser of worker processes: one thread each (see the module docstring), for torch
     and for the BLAS / OpenMP pools of NumPy, SciPy and scikit-learn too. Left at one thread
-    per core, those pools oversubscribe the CPU when workers run side by side: AlignFed's
-    anchor loop (100 x 100 NumPy products) ran 8.7x slower so."""
+    per core, those pools oversubscribe the CPU when workers run side by side (AlignFed's
+    anchor loop: ``python benchmarks/bench.py --part workers``)."""
     import os
 
     import torch
