@@ -40,7 +40,8 @@ def test_notebook_parameters_point_into_the_results_root(tmp_path):
     params = notebook_parameters("cpu", "03_main_table", tmp_path)
     assert params["store"] == str(tmp_path.resolve() / "cpu" / "runs")
     assert params["results_dir"] == str(tmp_path.resolve() / "cpu")
-    assert params["seeds"] == [0, 1] and params["base"]["rounds"] == 20
+    assert params["seeds"] == [0, 1, 2] and params["base"]["rounds"] == 20
+    assert params["base"]["partition_seed"] == "seed"  # each seed its own partition
     assert len(params["methods"]) == 12
     json.dumps(params)  # papermill needs JSON-serialisable values
 
