@@ -24,7 +24,7 @@ and the largest per-round accuracy difference from the simulator (needs fedtsp[f
 Part "workers": NumPy work inside the batch runner's worker processes, two side by side as
 `fedtsp reproduce` runs them: AlignFed's anchor construction for 100 classes (its set-up on
 CIFAR-100), with the workers' threads limited for torch only (as before 5db2408) and for
-every thread pool (``experiments.single_thread_worker``).
+every thread pool (``core.threads.single_thread_worker``).
 
 Each part writes ``bench_<part>.json`` (figures, setting, command, code version, machine
 facts) and ``bench_<part>.md`` (the table the README shows) to ``--out-dir``.
@@ -238,7 +238,7 @@ def _anchor_seconds(iters: int) -> float:
 
 def bench_workers(workers: int, iters: int) -> tuple[dict[str, Any], str]:
     from fedtsp.algorithms.alignfed import AlignFedOptions
-    from fedtsp.paper.experiments import single_thread_worker
+    from fedtsp.core.threads import single_thread_worker
 
     run_iters = AlignFedOptions().anchor_iters  # what one AlignFed run does in its set-up
     cases = {"torch only (before)": _torch_only_worker, "every pool (now)": single_thread_worker}

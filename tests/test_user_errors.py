@@ -131,6 +131,9 @@ CASES = [
     # run: model weights that cannot be had offline
     (_run("--algorithm", "fedtsp", "--text-encoder", "clip-vit-b-32"), "ViT-B-32"),
     (_run("--algorithm", "fedtsp", "--text-encoder", "bert-base-uncased"), "bert-base-uncased"),
+    # run: client processes
+    (_run("--client-workers", "0"), "--client-workers 0"),
+    (_run("--engine", "flower-sim", "--client-workers", "2"), "--client-workers"),
     # run: output folders, run stores and checkpoints
     (["run", "--out", "{file}"], "a-file"),
     (_run("--algorithm", "fedproto", "--rounds", "2"), "--resume"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
-from fedtsp.paper.experiments import single_thread_worker
+from fedtsp.core.threads import single_thread_worker
 
 
 def _thread_counts() -> dict[str, int]:

@@ -137,3 +137,35 @@ def receive_client(algorithm: Algorithm, client: Client, message: Message) -> fl
     start = time.perf_counter()
     algorithm.receive(client, message)
     return time.perf_counter() - start
+
+
+def clients_round(
+    algorithm: Algorithm,
+    clients: list[Client],
+    config: RunConfig,
+    work: RoundWork,
+    global_test: GlobalTest | None,
+) -> dict[int, ClientReply]:
+    """The client halves of one round for ``clients`` (all of them in the simulator, a
+    worker's share in a client process), phase by phase: evaluate all, train all, upload
+    all. Each reply's ``model`` timing is the time its client spent in model calls."""
+    model_before = [c.model_seconds for c in clients]
+    replies = {}
+    for client in clients:
+        client.round = work.round
+        replies[client.index] = evaluate_client(algorithm, client, work, global_test)
+    if work.train:
+        for client in clients:
+            train_client(algorithm, client, config, replies[client.index])
+        for client in clients:
+            upload_client(algorithm, client, replies[client.index])
+    for client, before in zip(clients, model_before, strict=True):
+        replies[client.index].timings["model"] = client.model_seconds - before
+    return replies
+
+
+def deliver_to(algorithm: Algorithm, clients: list[Client], messages: dict[int, Message]) -> float:
+    """Hand each of ``clients`` its message, if it has one; the seconds spent receiving."""
+    return sum(
+        receive_client(algorithm, c, messages[c.index]) for c in clients if c.index in messages
+    )

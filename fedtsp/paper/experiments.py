@@ -23,6 +23,7 @@ from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.environment import data_path
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
+from fedtsp.core.threads import single_thread_worker
 from fedtsp.data import (
     DatasetNotFoundError,
     ImageDataset,
@@ -183,22 +184,6 @@ def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any
 
 def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: str) -> Any:
     return _run_one(config, DataSource(data, per_class), store)  # data: DataSource.requested
-
-
-def single_thread_worker() -> None:
-    """Initialiser of worker processes: one thread each (see the module docstring), for torch
-    and for the BLAS / OpenMP pools of NumPy, SciPy and scikit-learn too. Left at one thread
-    per core, those pools oversubscribe the CPU when workers run side by side (AlignFed's
-    anchor loop: ``python benchmarks/bench.py --part workers``)."""
-    import os
-
-    import torch
-    from threadpoolctl import threadpool_limits
-
-    torch.set_num_threads(1)
-    threadpool_limits(1)  # the pools loaded by now (NumPy's, torch's)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = "1"  # and those loaded later (SciPy's, scikit-learn's) read these
 
 
 def run_all(
