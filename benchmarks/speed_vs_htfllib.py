@@ -2,16 +2,18 @@
 
     python benchmarks/speed_vs_htfllib.py --htfllib /path/to/HtFLlib \\
         [--pythonpath DIR] [--data ../shared/data/cifar10-jpg.tar.gz] \\
-        [--fraction 0.2] [--rounds 2] [--repeats 3] [--methods FedProto FedTGP LG-FedAvg]
+        [--fraction 0.2] [--rounds 4] [--repeats 3] [--methods FedProto FedTGP LG-FedAvg]
 
 The workload is the accuracy harness's (``htfllib_side_by_side.py``): CIFAR-10, Dir(0.1),
 20 clients, a stratified ``--fraction`` of the images, HtFE2, 1 local epoch, batch 100,
 lr 0.01, each method with the settings of the authors' scripts and HtFLlib's protocol, on
-the machine's default thread count. Each repeat runs, one after the other: HtFLlib, fedtsp
-exact (fp32, today's defaults) and, where bf16 pays on this device, fedtsp fast
-(``precision="bf16"``). A side's seconds per round are the mean over its training rounds
-after the first (HtFLlib's own ``time cost`` lines; ours: the round's wall time plus its
-checkpoint), and the table gives the median over repeats.
+the machine's default thread count. Each repeat runs, one after the other: HtFLlib; fedtsp
+exact (fp32, every client in one process: today's defaults); exact-procs (fp32, the clients
+split over one process per core with one thread each, ``client_workers``: the same
+histories, since each client's work does not depend on where it runs); and, where bf16 pays
+on this device, fast (bf16 autocast and client processes). A side's seconds per round are
+the mean over its training rounds after the first (HtFLlib's own ``time cost`` lines; ours:
+the round's wall time plus its checkpoint), and the table gives the median over repeats.
 
 The fast path runs only where a short probe (a few training steps of each architecture of
 the family) finds bf16 autocast faster than fp32; otherwise the probe's figures are the
@@ -23,6 +25,7 @@ project. Results: ``--out`` (JSON) and the markdown table beside it.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -41,7 +44,8 @@ from fedtsp.engine.simulation import run_experiment
 from fedtsp.models.families import resolve_family
 
 FAMILY = "htfe2"
-MODES = {"exact": "fp32", "fast": "bf16"}
+# Our sides: (precision, client processes; 0 = one per core).
+MODES = {"exact": ("fp32", 1), "exact-procs": ("fp32", 0), "fast": ("bf16", 0)}
 
 
 def ours_seconds(record: dict[str, Any]) -> dict[str, Any]:
@@ -53,12 +57,23 @@ def ours_seconds(record: dict[str, Any]) -> dict[str, Any]:
     return {"s_per_round": statistics.fmean(per_round), "phases": phases}
 
 
+def client_workers(mode: str) -> int:
+    """The mode's client processes: 1 (in this process) or one per core."""
+    workers = MODES[mode][1]
+    return workers or (os.cpu_count() or 1)
+
+
+def mode_label(mode: str) -> str:
+    precision, workers = MODES[mode]
+    return f"{precision}, {'1 process' if workers == 1 else 'client processes'}"
+
+
 def bf16_probe(device: str) -> dict[str, dict[str, float]]:
     """Training images/s of each family architecture in fp32 and under bf16 autocast."""
     return {
         arch: {
             precision: train_speed(arch, 100, 2, None, device, warmup=1, precision=precision)
-            for precision in MODES.values()
+            for precision in ("fp32", "bf16")
         }
         for arch in resolve_family(FAMILY)
     }
@@ -66,12 +81,15 @@ def bf16_probe(device: str) -> dict[str, dict[str, float]]:
 
 def bf16_pays(probe: dict[str, dict[str, float]]) -> bool:
     """Whether a batch of every architecture takes less time in bf16 than in fp32."""
-    seconds = {p: sum(1 / speeds[p] for speeds in probe.values()) for p in MODES.values()}
+    seconds = {p: sum(1 / speeds[p] for speeds in probe.values()) for p in ("fp32", "bf16")}
     return seconds["bf16"] < seconds["fp32"]
 
 
-def overhead(runs: list[dict[str, Any]]) -> float:
-    """Median share of a round that is neither model nor server time (fedtsp's own cost)."""
+def overhead(runs: list[dict[str, Any]]) -> float | None:
+    """Median share of a round that is neither model nor server time (fedtsp's own cost);
+    None where the clients ran in several processes (their model time overlaps)."""
+    if any(r.get("client_workers", 1) > 1 for r in runs):
+        return None
     shares = [
         (r["s_per_round"] - r["phases"]["model"] - r["phases"]["server"]) / r["s_per_round"]
         for r in runs
@@ -83,7 +101,7 @@ def table(result: dict[str, Any]) -> str:
     modes = result["modes"]
     has_htfllib = result["htfllib"] is not None
     head = ["method", "HtFLlib"] if has_htfllib else ["method"]
-    head += [f"fedtsp {m} ({MODES[m]})" for m in modes]
+    head += [f"fedtsp {m} ({mode_label(m)})" for m in modes]
     head += [f"{m} speed-up" for m in modes] if has_htfllib else []
     head += [f"{m} overhead" for m in modes]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
@@ -94,7 +112,8 @@ def table(result: dict[str, Any]) -> str:
         cells += [f"{res[m]['median']:.2f}" for m in modes]
         if has_htfllib:
             cells += [f"{res['htfllib']['median'] / res[m]['median']:.2f}x" for m in modes]
-        cells += [f"{100 * overhead(res[m]['runs']):.2f} %" for m in modes]
+        shares = [overhead(res[m]["runs"]) for m in modes]
+        cells += ["-" if share is None else f"{100 * share:.2f} %" for share in shares]
         lines.append("| " + " | ".join(cells) + " |")
     s = result["setting"]
     lines += [
@@ -104,8 +123,15 @@ def table(result: dict[str, Any]) -> str:
     ]
     lines.append(
         "Overhead: wall time minus model and server time, as a share of the round "
-        "(median over repeats)."
+        "(median over repeats); not defined with client processes, whose model time overlaps."
     )
+    workers = {m: result.get("client_workers", {}).get(m) for m in modes}
+    if any(w and w > 1 for w in workers.values()):
+        lines.append(
+            "Client processes: the clients split over "
+            + ", ".join(f"{w} processes ({m})" for m, w in workers.items() if w and w > 1)
+            + " with one thread each (`client_workers`, `engine.client_pool`)."
+        )
     if has_htfllib:
         lines.append(f"HtFLlib at commit {result['htfllib']}, run by its own `main.py`.")
     else:
@@ -128,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pythonpath", help="extra import folder for HtFLlib's packages")
     parser.add_argument("--data", default=None, help="CIFAR-10 archive (default: auto)")
     parser.add_argument("--fraction", type=float, default=0.2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=["FedProto", "FedTGP", "LG-FedAvg"])
     parser.add_argument("--modes", nargs="+", choices=list(MODES), help="default: see above")
@@ -145,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     code = code_version()  # what is measured: the code as it is now
     probe = bf16_probe("cpu")
-    modes = args.modes or (["exact", "fast"] if bf16_pays(probe) else ["exact"])
+    modes = args.modes or ["exact", "exact-procs"] + (["fast"] if bf16_pays(probe) else [])
     dataset = load_dataset("cifar10", args.data)
     base = base_config(args)
     name = f"Cifar10_fedtsp_frac{args.fraction:g}"
@@ -165,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_facts(),
         "htfllib": None,
         "modes": modes,
+        "client_workers": {m: client_workers(m) for m in modes},
         "probe": probe,
         "methods": {},
     }
@@ -186,11 +213,17 @@ def main(argv: list[str] | None = None) -> int:
                         measured = {"s_per_round": other["s_per_round"]}
                     else:
                         config = base.replace(
-                            algorithm=algorithm, algo_options=options, precision=MODES[side]
+                            algorithm=algorithm, algo_options=options, precision=MODES[side][0]
                         )
                         store = Path(work) / f"runs-{side}-{repeat}"
-                        record = run_experiment(config, dataset=dataset, out=store, progress=False)
-                        measured = ours_seconds(record)
+                        record = run_experiment(
+                            config,
+                            dataset=dataset,
+                            out=store,
+                            progress=False,
+                            client_workers=client_workers(side),
+                        )
+                        measured = ours_seconds(record) | {"client_workers": client_workers(side)}
                     runs[label][side]["runs"].append(measured)
                     print(
                         f"repeat {repeat} {label} {side}: {measured['s_per_round']:.2f} s/round",
