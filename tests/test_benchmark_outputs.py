@@ -32,6 +32,7 @@ EXPECTED_BLOCKS = {
     "bench_workers",
     "reproduce_times",
     "fast_path_accuracy",
+    "fast_path_accuracy_fixed_partition",
     "code_metrics_change",
     "plan_costs",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -97,6 +98,14 @@ def test_run_and_partition_from_an_image_folder_archive(tiny_archive, tmp_path, 
     assert len(list(out.glob("*.json"))) == 1
     assert main(args) == 0  # second time: served from the store
     assert len(list(out.glob("*.json"))) == 1
+    # The same run with its clients in two processes: same history, its workers recorded.
+    forced = [*args, "--client-workers", "2", "--force"]
+    (record_file,) = out.glob("*.json")
+    before = json.loads(record_file.read_text())
+    assert main(forced) == 0
+    after = json.loads(record_file.read_text())
+    assert after["environment"]["client_workers"] == 2
+    assert [r["acc"] for r in after["history"]] == [r["acc"] for r in before["history"]]
     export = tmp_path / "export"
     assert main(["partition", *common, "--export", str(export)]) == 0
     assert sorted(p.name for p in (export / "train").iterdir()) == ["0.npz", "1.npz"]
