@@ -112,3 +112,16 @@ def tiny_archive(tmp_path_factory) -> Path:
                     buf.seek(0)
                     tar.addfile(info, buf)
     return path
+
+
+def history_rows(history: list[dict]) -> list[dict]:
+    """A run's history without its timings: what two engines must agree on exactly."""
+    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
+
+
+def native_setting(algorithm: str) -> dict:
+    """Setting (and, for the homogeneous ones, a one-architecture family) a method runs in."""
+    from fedtsp.algorithms import get_algorithm
+
+    setting = get_algorithm(algorithm).settings[0]
+    return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}

@@ -9,9 +9,9 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import tiny_config
+from conftest import history_rows, native_setting, tiny_config
 
-from fedtsp.algorithms import algorithm_names, get_algorithm
+from fedtsp.algorithms import algorithm_names
 from fedtsp.algorithms.clients import NonFiniteLossError
 from fedtsp.core.config import ConfigError
 from fedtsp.engine.client_pool import ClientPool, ClientWorkerError, client_shares, forward_flops
@@ -19,25 +19,16 @@ from fedtsp.engine.loop import round_work
 from fedtsp.engine.simulation import prepare, run_experiment
 
 
-def _rows(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
-
-
-def _native(algorithm: str) -> dict:
-    setting = get_algorithm(algorithm).settings[0]
-    return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}
-
-
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_every_method_runs_in_client_processes_as_in_one_process(tmp_path, tiny_data, algorithm):
-    config = tiny_config(algorithm=algorithm, rounds=2, **_native(algorithm))
+    config = tiny_config(algorithm=algorithm, rounds=2, **native_setting(algorithm))
     here = run_experiment(config, dataset=tiny_data, out=tmp_path / "one", progress=False)
     pool = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "two", progress=False, client_workers=2
     )
     # Exact: each client's draws depend on (seed, round, client) only, and both sides
     # run one intra-op thread (conftest; each worker sets its own).
-    assert _rows(pool["history"]) == _rows(here["history"])
+    assert history_rows(pool["history"]) == history_rows(here["history"])
     assert pool["summary"] == here["summary"] and pool.get("server") == here.get("server")
     assert pool["key"] == here["key"]  # where the clients ran is not part of the run
     assert (
@@ -63,7 +54,7 @@ def test_checkpoints_move_between_client_processes_and_one_process(tmp_path, tin
         resumed = run_experiment(
             config, dataset=tiny_data, out=out, progress=False, resume=True, client_workers=second
         )
-        assert _rows(resumed["history"]) == _rows(whole["history"])
+        assert history_rows(resumed["history"]) == history_rows(whole["history"])
 
 
 def test_shares_cover_every_client_once_and_balance_the_flops(tiny_data):

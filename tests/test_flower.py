@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from conftest import tiny_config
+from conftest import history_rows, tiny_config
 
 pytest.importorskip("flwr", reason="the flower extra (flwr[simulation]) is not installed")
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -19,10 +19,6 @@ from fedtsp.engine.flower import ClientFailureError, LocalFederation, prepare_wo
 from fedtsp.engine.simulation import run_experiment  # noqa: E402
 
 
-def _rows(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
-
-
 @pytest.mark.parametrize("algorithm", ["fedproto", "fedtsp"])
 def test_flower_simulation_equals_in_process_simulator(tmp_path, tiny_data, algorithm):
     config = tiny_config(algorithm=algorithm, rounds=2)
@@ -30,7 +26,7 @@ def test_flower_simulation_equals_in_process_simulator(tmp_path, tiny_data, algo
     flower = run_flower(config, engine="flower-sim", dataset=tiny_data, out=tmp_path / "fl")
     # Exact: the same seeds per round and per client, uploads aggregated in client order,
     # one intra-op thread in both (the Ray actor runs with OMP_NUM_THREADS=1).
-    assert _rows(flower["history"]) == _rows(sim["history"])
+    assert history_rows(flower["history"]) == history_rows(sim["history"])
     assert flower["history"][-1]["acc"] > flower["history"][0]["acc"] + 0.1  # it learnt
     assert flower["engine"] == "flower-sim" and flower["status"] == "complete"
     assert flower["key"] != sim["key"]  # the engine is part of the record's provenance
@@ -61,7 +57,7 @@ def test_every_kind_of_method_runs_on_flower_as_in_the_simulator(tmp_path, tiny_
     )
     sim = run_experiment(config, dataset=tiny_data, out=tmp_path / "sim", progress=False)
     flower = run_flower(config, engine="flower-sim", dataset=tiny_data, out=tmp_path / "fl")
-    assert _rows(flower["history"]) == _rows(sim["history"])
+    assert history_rows(flower["history"]) == history_rows(sim["history"])
     assert flower["summary"] == sim["summary"]  # gfl / pfl summaries included
     if setting == "gfl":
         assert all(0 < row["gfl_acc"] <= 1 for row in flower["history"])
@@ -87,7 +83,7 @@ def test_a_population_runs_on_flower_as_in_the_simulator(tmp_path):
     )
     sim = run_experiment(config, dataset=datasets, out=tmp_path / "sim", progress=False)
     flower = run_flower(config, engine="flower-sim", dataset=datasets, out=tmp_path / "fl")
-    assert _rows(flower["history"]) == _rows(sim["history"])
+    assert history_rows(flower["history"]) == history_rows(sim["history"])
     assert flower["server"]["assignment"] == [0, 1, 0, 1] == flower["partition"]["groups"]
 
 
@@ -158,7 +154,7 @@ def test_three_supernode_processes_equal_the_simulator(tmp_path, tiny_data):
     config = tiny_config(algorithm="fedproto", rounds=1, num_clients=3)
     sim = run_experiment(config, dataset=tiny_data, out=tmp_path / "sim", progress=False)
     record = run_flower(config, engine="flower-processes", dataset=tiny_data, out=tmp_path / "fl")
-    assert _rows(record["history"]) == _rows(sim["history"])
+    assert history_rows(record["history"]) == history_rows(sim["history"])
     assert record["engine"] == "flower-processes" and len(set(record["nodes"].values())) == 3
     stored = json.loads((tmp_path / "fl" / f"{record['key']}.json").read_text())
     assert stored["status"] == "complete" and stored["history"] == record["history"]
@@ -187,7 +183,9 @@ def test_killed_supernode_is_reported_and_recorded_rounds_are_kept(tmp_path, tin
             federation.wait(timeout=240)
     saved = json.loads(partial.read_text())
     assert saved["status"] == "failed" and saved["failures"][0]["client"] == 1
-    assert _rows(saved["history"]) == _rows(sim["history"][:1])  # round 0 is kept, exact
+    assert history_rows(saved["history"]) == history_rows(
+        sim["history"][:1]
+    )  # round 0 is kept, exact
     assert not (out / f"{run['key']}.json").exists()  # never served as a finished run
 
 
@@ -202,5 +200,5 @@ def test_an_interrupted_flower_run_resumes_to_the_simulators_history(tmp_path, t
         run_flower(config, **kwargs)  # refused before any work; the checkpoint survives
     resumed = run_flower(config, resume=True, **kwargs)
     assert resumed["status"] == "complete"
-    assert _rows(resumed["history"]) == _rows(sim["history"])
+    assert history_rows(resumed["history"]) == history_rows(sim["history"])
     assert not list((tmp_path / "fl" / "checkpoints").glob("*.pt"))  # done: removed

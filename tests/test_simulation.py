@@ -8,17 +8,19 @@ import math
 
 import pytest
 import torch
-from conftest import assert_uploads_training_means, key_before_fields, tiny_config
+from conftest import (
+    assert_uploads_training_means,
+    history_rows,
+    key_before_fields,
+    native_setting,
+    tiny_config,
+)
 
 from fedtsp.algorithms import algorithm_names, get_algorithm
 from fedtsp.algorithms.clients import ClientFacts, NonFiniteLossError
 from fedtsp.core.config import ConfigError
 from fedtsp.core.results import RunStore
 from fedtsp.engine.simulation import prepare, run_experiment
-
-
-def _strip_times(history: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if k not in ("timings", "wall")} for row in history]
 
 
 @pytest.mark.parametrize("algorithm", ["local", "fedproto", "fedtsp"])
@@ -86,15 +88,9 @@ def test_same_seed_same_history_other_seed_differs(tmp_path, tiny_data):
     config = tiny_config(algorithm="fedproto", rounds=2)
     a = run_experiment(config, dataset=tiny_data, out=tmp_path / "a", progress=False)
     b = run_experiment(config, dataset=tiny_data, out=tmp_path / "b", progress=False)
-    assert _strip_times(a["history"]) == _strip_times(b["history"])
+    assert history_rows(a["history"]) == history_rows(b["history"])
     c = run_experiment(config.replace(seed=1), dataset=tiny_data, out=tmp_path, progress=False)
-    assert _strip_times(c["history"]) != _strip_times(a["history"])
-
-
-def _native_setting(algorithm: str) -> dict:
-    """Setting (and, for the homogeneous ones, a one-architecture family) a method runs in."""
-    setting = get_algorithm(algorithm).settings[0]
-    return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}
+    assert history_rows(c["history"]) != history_rows(a["history"])
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
@@ -110,7 +106,7 @@ def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
         return setup(self, facts, uploads)
 
     monkeypatch.setattr(cls, "setup", spy)
-    run = prepare(tiny_config(algorithm=algorithm, **_native_setting(algorithm)), dataset=tiny_data)
+    run = prepare(tiny_config(algorithm=algorithm, **native_setting(algorithm)), dataset=tiny_data)
     assert dataclasses.is_dataclass(cls.State)
     assert all(type(c.state) is cls.State for c in run.clients)  # one typed state each
     assert [f.index for f in seen["facts"]] == [0, 1, 2, 3]  # facts, not client objects
@@ -126,7 +122,7 @@ def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
 
 @pytest.mark.parametrize("algorithm", algorithm_names())
 def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
-    config = tiny_config(algorithm=algorithm, rounds=3, **_native_setting(algorithm))
+    config = tiny_config(algorithm=algorithm, rounds=3, **native_setting(algorithm))
     whole = run_experiment(config, dataset=tiny_data, out=tmp_path / "whole", progress=False)
     part = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, stop_after=2
@@ -137,7 +133,7 @@ def test_resume_equals_uninterrupted(tmp_path, tiny_data, algorithm):
     resumed = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
     )
-    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+    assert history_rows(resumed["history"]) == history_rows(whole["history"])
     assert not (tmp_path / "cut" / "checkpoints" / f"{whole['key']}.pt").exists()
 
 
@@ -213,7 +209,7 @@ def test_crash_mid_run_resumes_from_sparse_checkpoint(tmp_path, tiny_data, monke
     resumed = run_experiment(
         config, dataset=tiny_data, out=tmp_path / "cut", progress=False, resume=True
     )
-    assert _strip_times(resumed["history"]) == _strip_times(whole["history"])
+    assert history_rows(resumed["history"]) == history_rows(whole["history"])
 
 
 def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
