@@ -1,10 +1,11 @@
 """Client processes: one run's clients split over worker processes, one thread each.
 
 The in-process simulator runs its clients one after the other, each model step on every
-core. Small models at batch 100 use two cores poorly (on the 2-core development machine:
-FedAvgCNN 1.26x the images/s of one thread, ResNet-18 1.74x), while two processes with one
-thread each use both fully. :class:`ClientPool` is the simulator's transport for that
-case (``run_experiment(..., client_workers=N)``, ``fedtsp run --client-workers N``):
+core. Small models at batch 100 spread poorly over intra-op threads, while N processes
+with one thread each keep N cores busy (the exact and exact-procs columns of
+``benchmarks/results/speed_vs_htfllib.md``). :class:`ClientPool` is the simulator's
+transport for that case (``run_experiment(..., client_workers=N)``, ``fedtsp run
+--client-workers N``):
 
 - each of N spawned workers holds a fixed share of the clients (model, data, optimiser,
   method state), balanced by their estimated work per round (forward FLOPs of the client's
@@ -135,7 +136,8 @@ class ClientPool:
     """The simulator's transport with the client halves in ``workers`` processes.
 
     The workers start on first use, from the clients as they are then (fresh, or loaded
-    from a checkpoint), and stop at :meth:`close`.
+    from a checkpoint), and stop at :meth:`close`. After an error the pool is spent: close
+    it (``run_experiment`` does).
     """
 
     def __init__(self, run: PreparedRun, workers: int) -> None:
