@@ -13,6 +13,8 @@ from conftest import history_rows, tiny_config
 
 pytest.importorskip("flwr", reason="the flower extra (flwr[simulation]) is not installed")
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+# Ray warns that its handling of visible accelerators will change; these tests use none.
+os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] = "0"
 
 from fedtsp.core.config import ConfigError  # noqa: E402
 from fedtsp.engine.flower import ClientFailureError, LocalFederation, prepare_workdir, run_flower  # noqa: E402
