@@ -85,10 +85,10 @@ def bf16_pays(probe: dict[str, dict[str, float]]) -> bool:
     return seconds["bf16"] < seconds["fp32"]
 
 
-def overhead(runs: list[dict[str, Any]]) -> float | None:
+def overhead(runs: list[dict[str, Any]], workers: int = 1) -> float | None:
     """Median share of a round that is neither model nor server time (fedtsp's own cost);
     None where the clients ran in several processes (their model time overlaps)."""
-    if any(r.get("client_workers", 1) > 1 for r in runs):
+    if workers > 1:
         return None
     shares = [
         (r["s_per_round"] - r["phases"]["model"] - r["phases"]["server"]) / r["s_per_round"]
@@ -105,6 +105,7 @@ def table(result: dict[str, Any]) -> str:
     head += [f"{m} speed-up" for m in modes] if has_htfllib else []
     head += [f"{m} overhead" for m in modes]
     lines = ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    workers = result.get("client_workers", {})  # absent in outputs from before the column
     for label, res in result["methods"].items():
         cells = [label]
         if has_htfllib:
@@ -112,7 +113,7 @@ def table(result: dict[str, Any]) -> str:
         cells += [f"{res[m]['median']:.2f}" for m in modes]
         if has_htfllib:
             cells += [f"{res['htfllib']['median'] / res[m]['median']:.2f}x" for m in modes]
-        shares = [overhead(res[m]["runs"]) for m in modes]
+        shares = [overhead(res[m]["runs"], workers.get(m) or 1) for m in modes]
         cells += ["-" if share is None else f"{100 * share:.2f} %" for share in shares]
         lines.append("| " + " | ".join(cells) + " |")
     s = result["setting"]
@@ -125,11 +126,10 @@ def table(result: dict[str, Any]) -> str:
         "Overhead: wall time minus model and server time, as a share of the round "
         "(median over repeats); not defined with client processes, whose model time overlaps."
     )
-    workers = {m: result.get("client_workers", {}).get(m) for m in modes}
-    if any(w and w > 1 for w in workers.values()):
+    if any((workers.get(m) or 1) > 1 for m in modes):
         lines.append(
             "Client processes: the clients split over "
-            + ", ".join(f"{w} processes ({m})" for m, w in workers.items() if w and w > 1)
+            + ", ".join(f"{workers[m]} processes ({m})" for m in modes if (workers.get(m) or 1) > 1)
             + " with one thread each (`client_workers`, `engine.client_pool`)."
         )
     if has_htfllib:
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
                             progress=False,
                             client_workers=client_workers(side),
                         )
-                        measured = ours_seconds(record) | {"client_workers": client_workers(side)}
+                        measured = ours_seconds(record)
                     runs[label][side]["runs"].append(measured)
                     print(
                         f"repeat {repeat} {label} {side}: {measured['s_per_round']:.2f} s/round",

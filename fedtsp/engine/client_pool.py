@@ -7,7 +7,8 @@ with one thread each keep N cores busy (the exact and exact-procs columns of
 transport for that case (``run_experiment(..., client_workers=N)``, ``fedtsp run
 --client-workers N``):
 
-- each of N spawned workers holds a fixed share of the clients (model, data, optimiser,
+- each of N workers (forked from a server process that imported this module once) holds
+  a fixed share of the clients (model, data, optimiser,
   method state), balanced by their estimated work per round (forward FLOPs of the client's
   architecture x its training and test samples; longest first onto the least loaded);
 - a round: every worker runs its share's client halves phase by phase, as the simulator

@@ -235,7 +235,6 @@ def run_experiment(
             return {"key": run.key, "interrupted_after_round": stop - 1, "history": history}
 
         transport.sync()
-        workers = transport.workers if isinstance(transport, ClientPool) else 1
         record = federated_record(
             key=run.key,
             status="complete",
@@ -248,7 +247,9 @@ def run_experiment(
             wall_seconds=time.perf_counter() - wall_start,
             server=run.algorithm.record_extras(),
             setup=run.setup,
-            environment={"client_workers": workers, "threads": 1} if workers > 1 else None,
+            environment={"client_workers": client_workers, "threads": 1}
+            if client_workers > 1
+            else None,
         )
         produced = run.algorithm.artifacts() | run.client_algorithm.analysis_artifacts(run.clients)
         artifacts = {k: v.detach().cpu().float().numpy() for k, v in produced.items()}
