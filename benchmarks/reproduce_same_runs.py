@@ -1,17 +1,20 @@
-"""Today's code on the very runs an earlier empty-store reproduction made, from an empty run
-store and an empty cache: the like-for-like comparison for the speed issue's target 3.
+"""The runs of an earlier cpu reproduction, by the code of then and by today's, side by side
+on this machine: the like-for-like measure of the speed issue's target 3.
 
-    python benchmarks/reproduce_same_runs.py [--workers 2] [--precision fp32|bf16] \\
-        [--baseline benchmarks/results/reproduce_cpu_empty_store_baseline.json]
+    python benchmarks/reproduce_same_runs.py [--then 4e74747] [--sample 24] [--sample-seed 0]
 
-The profile has grown since the baseline was measured (a third seed, a partition per seed,
-controls, more description sets), so a reproduction of today's profile does other work. The
-run set here is the baseline commit's committed cpu store: its federated run configs as they
-are, and its FMCL runs rebuilt from their population, method and seed with the notebook's
-parameters of then. They run through the batch runner that ``fedtsp reproduce`` uses, with the
-profile's workers. The notebooks are not rerun (today's are not those of then); their time
-is taken from the committed ``reproduce_times`` output (today's notebooks on today's larger
-store, so an upper bound) and reported apart.
+The one empty-store cpu reproduction on record (``reproduce_cpu_empty_store_baseline.json``)
+ran on another machine, and today's profile does more work (a third seed, a partition per
+seed, controls, more description sets), so neither its wall time nor a reproduction of
+today's profile compares. Here the run set is the federated runs of the baseline commit's
+committed cpu store; a random sample of them (``--sample``, 0 = all) is run once by that
+commit's code (extracted with ``git archive``, run with its own worker set-up: one torch
+thread, the other thread pools left at their defaults, as its batch runner did) and once by
+today's (``single_thread_worker``). Each (then, now) pair of one config runs at the same
+time, one per core, so both see the same machine; the figure of a run is the wall time its
+record holds. The ratio of the sums estimates the whole run set's; its 95 % interval comes
+from resampling the pairs. The FMCL runs are left out: the code of then ran them inside
+notebook 08 through another interface (824 of its 6,226 s).
 """
 
 from __future__ import annotations
@@ -19,144 +22,201 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from facts import machine_facts, write_result
-from reproduce_empty_store import RESULTS, TARGET, _clock
+from reproduce_empty_store import RESULTS, TARGET
 
-from fedtsp.core.config import RunConfig
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import code_version
+from fedtsp.paper.experiments import resolve_data
 
-# The FMCL notebook's parameters at the baseline's commit (its profiles.toml, cpu section).
-BASELINE_FMCL = {
-    "num_clients": 12,
-    "fraction": 0.1,
-    "rounds": 20,
-    "local_epochs": 1,
-    "arch": "fedavgcnn_s",
-    "lr": 0.05,
-    "encoder_input_size": 96,
-    "partition_seed": 1,
-}
-
-
-def stored_records(commit: str, store: str = "results/cpu/runs") -> list[dict[str, Any]]:
-    """Every JSON record of the run store as committed at ``commit``."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
-        ).stdout
-
-    names = [
-        n for n in git("ls-tree", "-r", "--name-only", commit, store).split() if n.endswith(".json")
-    ]
-    return [json.loads(git("show", f"{commit}:{name}")) for name in names]
+# One run in a fresh process, printing its record's wall seconds: argv = config JSON, store.
+# The code of then (its module layout at 4e74747) and today's, each with its own worker set-up.
+RUN_THEN = (
+    "import json, sys, torch; torch.set_num_threads(1)\n"
+    "from fedtsp.config import RunConfig\n"
+    "from fedtsp.experiments import _run_one\n"
+    "config = RunConfig.from_dict(json.loads(sys.argv[1]))\n"
+    "print(_run_one(config, 'auto', 12, sys.argv[2])['timings']['wall'])\n"
+)
+RUN_NOW = (
+    "import json, sys\n"
+    "from fedtsp.core.threads import single_thread_worker; single_thread_worker()\n"
+    "from fedtsp.core.config import RunConfig\n"
+    "from fedtsp.paper.experiments import DataSource, _run_one\n"
+    "config = RunConfig.from_dict(json.loads(sys.argv[1]))\n"
+    "print(_run_one(config, DataSource('auto'), sys.argv[2])['timings']['wall'])\n"
+)
 
 
-def run_set(records: list[dict[str, Any]], precision: str) -> list[RunConfig]:
-    """Today's configs of the stored runs: federated configs as recorded (fields added since
-    keep their defaults), FMCL runs from population, method and seed."""
-    from fedtsp.paper.fmcl.benchmark import benchmark_config
-
-    configs = []
-    for record in records:
-        if "config" in record:
-            config = RunConfig.from_dict(record["config"])
-        else:
-            config = benchmark_config(
-                record["population_name"], record["method"], record["seed"], **BASELINE_FMCL
-            )
-        configs.append(RunConfig.from_dict({**config.to_dict(), "precision": precision}))
-    return configs
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=REPO_ROOT, check=True, capture_output=True, text=True
+    ).stdout
 
 
-def run_them(configs: list[RunConfig], workers: int, work: Path) -> float:
-    """Wall seconds of the batch runner on ``configs`` from an empty store and cache."""
-    os.environ["FEDTSP_CACHE"] = str(work / "cache")  # before fedtsp.data reads it
-    from fedtsp.paper.experiments import DataSource, RunSpec, run_all
+def stored_configs(commit: str, store: str = "results/cpu/runs") -> list[dict[str, Any]]:
+    """The config of every federated run record in the store as committed at ``commit``,
+    ordered by record key (FMCL records, which have no ``config``, are left out)."""
+    names = sorted(n for n in git("ls-tree", "-r", "--name-only", commit, store).split())
+    records = [json.loads(git("show", f"{commit}:{n}")) for n in names if n.endswith(".json")]
+    return [r["config"] for r in records if "config" in r]
 
-    start = time.perf_counter()
-    run_all([RunSpec(c) for c in configs], DataSource("auto"), work / "runs", workers)
-    return time.perf_counter() - start
+
+def sample(configs: list[dict[str, Any]], size: int, seed: int) -> list[dict[str, Any]]:
+    """A simple random sample of ``size`` configs (all of them for size 0), in store order."""
+    if size <= 0 or size >= len(configs):
+        return list(configs)
+    picked = sorted(random.Random(seed).sample(range(len(configs)), size))
+    return [configs[i] for i in picked]
+
+
+def ratio_interval(then: list[float], now: list[float], seed: int = 0) -> list[float]:
+    """95 % bootstrap interval of sum(now) / sum(then), resampling the pairs."""
+    a, b = np.asarray(then), np.asarray(now)
+    draws = np.random.default_rng(seed).integers(0, len(a), size=(10_000, len(a)))
+    ratios = b[draws].sum(1) / a[draws].sum(1)
+    return [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))]
+
+
+def verdict(ratio: float, interval: list[float]) -> str:
+    """Met when the whole interval is at or below the target, not met when it is above."""
+    if interval[1] <= TARGET:
+        return "met"
+    if interval[0] > TARGET:
+        return "not met"
+    return "not separated from the target"
+
+
+def warm_caches(codes: dict[str, Path], work: Path, datasets: set[str]) -> None:
+    """Decode the datasets into each code's cache first, so that no pair times a decode."""
+    for side, module in (("then", "fedtsp.experiments"), ("now", "fedtsp.paper.experiments")):
+        names = sorted(datasets)
+        script = f"from {module} import DataSource\nfor n in {names!r}: DataSource('auto').get(n)"
+        subprocess.run(
+            [sys.executable, "-c", script], cwd=codes[side], env=_env(codes, work, side), check=True
+        )
+
+
+def _env(codes: dict[str, Path], work: Path, side: str) -> dict[str, str]:
+    data = resolve_data("auto")
+    env = os.environ | {"PYTHONPATH": str(codes[side]), "FEDTSP_CACHE": str(work / side)}
+    return env | ({"FEDTSP_DATA": data} if data else {})
+
+
+def run_pair(config: dict[str, Any], codes: dict[str, Path], work: Path) -> dict[str, float]:
+    """The config run by both codes at once, one process each; their records' wall seconds."""
+
+    def one(side: str) -> float:
+        script = RUN_THEN if side == "then" else RUN_NOW
+        store = str(work / f"{side}-runs")
+        done = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(config), store],
+            cwd=codes[side],
+            env=_env(codes, work, side),
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"a run by the code {side} failed:\n{done.stderr[-3000:]}")
+        return float(done.stdout.split()[-1])
+
+    with ThreadPoolExecutor(2) as pool:
+        then, now = pool.map(one, ["then", "now"])
+    return {"then": then, "now": now}
 
 
 def table(result: dict[str, Any]) -> str:
-    before, after = result["before"], result["after"]
-    now = after["runs_seconds"] + after["notebooks_seconds"]
-    ratio = now / before["seconds"]
+    s = result["summary"]
+    low, high = s["ratio_ci95"]
     return "\n".join(
         [
-            f"The {after['runs']} runs (federated and FMCL) of the cpu reproduction at "
-            f"{before['code']}, rerun from an empty run store and cache, {after['workers']} "
-            f"workers, precision {after['precision']}",
+            f"{s['pairs']} of the {result['run_set']} federated runs of the cpu store at "
+            f"{result['then']} (a random sample, seed {result['sample_seed']}), each run by "
+            "that code and by today's at the same time, one process per core:",
             "",
-            "| | code | runs | notebooks | wall time |",
-            "| --- | --- | ---: | ---: | ---: |",
-            f"| before | {before['code']} | {_clock(before['runs_seconds'])} "
-            f"| {_clock(before['notebooks_seconds'])} | {_clock(before['seconds'])} |",
-            f"| now | {result['code']['git_commit'][:7]} | {_clock(after['runs_seconds'])} "
-            f"| {_clock(after['notebooks_seconds'])} | {_clock(now)} |",
+            "| code | runs | run time summed | per run (median) |",
+            "| --- | ---: | ---: | ---: |",
+            f"| then ({result['then']}) | {s['pairs']} | {s['then_seconds']:,.0f} s "
+            f"| {s['then_median']:.0f} s |",
+            f"| now ({result['code']['git_commit'][:7]}) | {s['pairs']} "
+            f"| {s['now_seconds']:,.0f} s | {s['now_median']:.0f} s |",
             "",
-            f"Now / before: {ratio:.2f} (target <= {TARGET:.2f}: "
-            f"{'met' if ratio <= TARGET else 'not met'}). Before, the FMCL runs ran inside "
-            "notebook 08 and count here with the runs; now's notebooks are today's, executed "
-            f"on today's store ({after['notebooks_from']}). Before: {before['note']}",
+            f"Now / then: {s['ratio']:.2f} [95 % CI {low:.2f}, {high:.2f}] (target <= "
+            f"{TARGET:.2f}: {s['verdict']}; rule: met when the interval lies at or below the "
+            "target, not met when it lies above). The FMCL runs are not in it (the code of then "
+            "ran them inside notebook 08).",
         ]
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workers", type=int, default=2, help="the cpu profile's: 2")
-    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
-    parser.add_argument(
-        "--baseline", default=str(RESULTS / "reproduce_cpu_empty_store_baseline.json")
-    )
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--then", default="4e74747", help="the baseline's commit")
+    parser.add_argument("--sample", type=int, default=24, help="runs to pair; 0: all")
+    parser.add_argument("--sample-seed", type=int, default=0)
+    parser.add_argument("--out", default=str(RESULTS / "reproduce_cpu_same_runs.json"))
     args = parser.parse_args(argv)
-    baseline = json.loads(Path(args.baseline).read_text())
-    fmcl_seconds = baseline["notebooks"]["08_fmcl"]["seconds"]
-    notebooks_then = sum(nb["seconds"] for nb in baseline["notebooks"].values()) - fmcl_seconds
-    times = json.loads((RESULTS / "reproduce_times.json").read_text())
-    committed = times["profiles"]["cpu"]
+    if resolve_data("auto") is None:
+        parser.error("no offline data: set FEDTSP_DATA or put ../shared/data beside the repo")
 
-    configs = run_set(stored_records(baseline["code"]), args.precision)
-    print(f"{len(configs)} runs of {baseline['code']}'s cpu store", flush=True)
+    configs = stored_configs(args.then)
+    picked = sample(configs, args.sample, args.sample_seed)
     code = code_version()
     work = Path(tempfile.mkdtemp(prefix="fedtsp-same-runs-"))
     try:
-        seconds = run_them(configs, args.workers, work)
+        then_dir = work / "code-then"
+        then_dir.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", args.then], cwd=REPO_ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(then_dir)], input=archive, check=True)
+        codes = {"then": then_dir, "now": REPO_ROOT}
+        warm_caches(codes, work, {c["dataset"] for c in picked})
+        pairs = []
+        for i, config in enumerate(picked, 1):
+            walls = run_pair(config, codes, work)
+            row = {k: config[k] for k in ("algorithm", "dataset", "family", "seed", "algo_options")}
+            pairs.append(row | walls)
+            print(
+                f"{i}/{len(picked)} {config['algorithm']} {config['dataset']} "
+                f"then {walls['then']:.0f} s, now {walls['now']:.0f} s",
+                flush=True,
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    then = [p["then"] for p in pairs]
+    now = [p["now"] for p in pairs]
+    ratio = sum(now) / sum(then)
+    interval = ratio_interval(then, now, args.sample_seed)
     result = {
-        "what": "today's code on the runs of an earlier empty-store cpu reproduction",
-        "before": {
-            "code": baseline["code"],
-            "seconds": baseline["seconds"],
-            "runs_seconds": baseline["runs_seconds"] + fmcl_seconds,
-            "notebooks_seconds": notebooks_then,
-            "note": baseline["what"],
-        },
-        "after": {
-            "runs": len(configs),
-            "workers": args.workers,
-            "precision": args.precision,
-            "runs_seconds": round(seconds, 1),
-            "notebooks_seconds": round(sum(committed["notebooks"].values()), 1),
-            "notebooks_from": f"reproduce_times at {times['code']['git_commit'][:7]}",
+        "what": "the federated runs of an earlier cpu reproduction, by its code and today's",
+        "then": args.then,
+        "run_set": len(configs),
+        "sample_seed": args.sample_seed,
+        "pairs": pairs,
+        "summary": {
+            "pairs": len(pairs),
+            "then_seconds": round(sum(then), 1),
+            "now_seconds": round(sum(now), 1),
+            "then_median": float(np.median(then)),
+            "now_median": float(np.median(now)),
+            "ratio": ratio,
+            "ratio_ci95": interval,
+            "verdict": verdict(ratio, interval),
         },
         "machine": machine_facts(),
     }
-    suffix = "" if args.precision == "fp32" else f"_{args.precision}"
-    out = Path(args.out or RESULTS / f"reproduce_cpu_same_runs{suffix}.json")
+    out = Path(args.out)
     write_result(out, result, table(result), code)
     print(out.with_suffix(".md").read_text())
     return 0
