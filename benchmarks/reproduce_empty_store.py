@@ -138,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         after = reproduce(args.profile, args.workers, work)
         print(f"reproduced in {_clock(after['seconds'])}", flush=True)
         result = {
+            "code": code,
             "what": "wall time of a reproduction from an empty run store and an empty cache",
             "profile": args.profile,
             "before": {

@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,7 @@ RUN_NOW = (
     "config = RunConfig.from_dict(json.loads(sys.argv[1]))\n"
     "print(_run_one(config, DataSource('auto'), sys.argv[2])['timings']['wall'])\n"
 )
+PAIR_LINE = re.compile(r"^(\d+)/\d+ (\S+) (\S+) then (\d+) s, now (\d+) s$", re.M)
 
 
 def git(*args: str) -> str:
@@ -135,6 +137,49 @@ def run_pair(config: dict[str, Any], codes: dict[str, Path], work: Path) -> dict
     return {"then": then, "now": now}
 
 
+def measure(picked: list[dict[str, Any]], then: str) -> list[dict[str, Any]]:
+    """Every picked config run by the code of ``then`` and today's; one row per pair."""
+    work = Path(tempfile.mkdtemp(prefix="fedtsp-same-runs-"))
+    try:
+        then_dir = work / "code-then"
+        then_dir.mkdir()
+        archive = subprocess.run(
+            ["git", "archive", then], cwd=REPO_ROOT, check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(then_dir)], input=archive, check=True)
+        codes = {"then": then_dir, "now": REPO_ROOT}
+        warm_caches(codes, work, {c["dataset"] for c in picked})
+        pairs = []
+        for i, config in enumerate(picked, 1):
+            walls = run_pair(config, codes, work)
+            pairs.append(_row(config) | walls)
+            print(
+                f"{i}/{len(picked)} {config['algorithm']} {config['dataset']} "
+                f"then {walls['then']:.0f} s, now {walls['now']:.0f} s",
+                flush=True,
+            )
+        return pairs
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def pairs_from_log(text: str, picked: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pairs a measuring run printed (whole seconds), checked against the sample."""
+    found = PAIR_LINE.findall(text)
+    if len(found) != len(picked):
+        raise SystemExit(f"the log has {len(found)} pairs, the sample {len(picked)}")
+    pairs = []
+    for (i, algorithm, dataset, then, now), config in zip(found, picked, strict=True):
+        if (algorithm, dataset) != (config["algorithm"], config["dataset"]):
+            raise SystemExit(f"pair {i} of the log is {algorithm} {dataset}, not the sample's")
+        pairs.append(_row(config) | {"then": float(then), "now": float(now)})
+    return pairs
+
+
+def _row(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config[k] for k in ("algorithm", "dataset", "family", "seed", "algo_options")}
+
+
 def table(result: dict[str, Any]) -> str:
     s = result["summary"]
     low, high = s["ratio_ci95"]
@@ -156,6 +201,14 @@ def table(result: dict[str, Any]) -> str:
             "target, not met when it lies above). The FMCL runs are not in it (the code of then "
             "ran them inside notebook 08).",
         ]
+        + (
+            [
+                "Rebuilt with `--pairs-from` from the pairs its measuring run printed (whole "
+                "seconds): that run's writer failed after the last pair."
+            ]
+            if result.get("rebuilt_from_log")
+            else []
+        )
     )
 
 
@@ -165,45 +218,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=24, help="runs to pair; 0: all")
     parser.add_argument("--sample-seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "reproduce_cpu_same_runs.json"))
+    parser.add_argument(
+        "--pairs-from",
+        default=None,
+        help="a measuring run's printed output: its pairs, not new runs",
+    )
+    parser.add_argument(
+        "--measured-at", default=None, help="with --pairs-from: the package commit it ran"
+    )
     args = parser.parse_args(argv)
+    if bool(args.pairs_from) != bool(args.measured_at):
+        parser.error("--pairs-from and --measured-at go together")
     if resolve_data("auto") is None:
         parser.error("no offline data: set FEDTSP_DATA or put ../shared/data beside the repo")
 
     configs = stored_configs(args.then)
     picked = sample(configs, args.sample, args.sample_seed)
-    code = code_version()
-    work = Path(tempfile.mkdtemp(prefix="fedtsp-same-runs-"))
-    try:
-        then_dir = work / "code-then"
-        then_dir.mkdir()
-        archive = subprocess.run(
-            ["git", "archive", args.then], cwd=REPO_ROOT, check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(then_dir)], input=archive, check=True)
-        codes = {"then": then_dir, "now": REPO_ROOT}
-        warm_caches(codes, work, {c["dataset"] for c in picked})
-        pairs = []
-        for i, config in enumerate(picked, 1):
-            walls = run_pair(config, codes, work)
-            row = {k: config[k] for k in ("algorithm", "dataset", "family", "seed", "algo_options")}
-            pairs.append(row | walls)
-            print(
-                f"{i}/{len(picked)} {config['algorithm']} {config['dataset']} "
-                f"then {walls['then']:.0f} s, now {walls['now']:.0f} s",
-                flush=True,
-            )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    if args.pairs_from:
+        pairs = pairs_from_log(Path(args.pairs_from).read_text(), picked)
+        code = {**code_version(), "git_commit": git("rev-parse", args.measured_at).strip()}
+        code["git_dirty"] = False
+    else:
+        code = code_version()
+        pairs = measure(picked, args.then)
     then = [p["then"] for p in pairs]
     now = [p["now"] for p in pairs]
     ratio = sum(now) / sum(then)
     interval = ratio_interval(then, now, args.sample_seed)
     result = {
+        "code": code,
         "what": "the federated runs of an earlier cpu reproduction, by its code and today's",
         "then": args.then,
         "run_set": len(configs),
         "sample_seed": args.sample_seed,
         "pairs": pairs,
+        "rebuilt_from_log": bool(args.pairs_from),
         "summary": {
             "pairs": len(pairs),
             "then_seconds": round(sum(then), 1),

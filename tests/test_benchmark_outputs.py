@@ -35,6 +35,7 @@ EXPECTED_BLOCKS = {
     "fast_path_accuracy_fixed_partition",
     "code_metrics_change",
     "plan_costs",
+    "reproduce_cpu_same_runs",
 }
 
 
@@ -173,3 +174,45 @@ def test_reproduce_times_show_each_profile_and_the_empty_store_baseline():
         "| 1 h 43 min (6,226 s) | 1 h 28 min (5,325 s) | 902 s |"
     )
     assert "equal the committed ones: 9 of 9." in lines[6]
+
+
+def test_same_runs_pair_a_seeded_sample_and_judge_the_ratio_by_its_interval():
+    same = _load("reproduce_same_runs")
+    configs = [{"algorithm": f"a{i}"} for i in range(10)]
+    picked = same.sample(configs, 4, seed=0)
+    assert len(picked) == 4 and picked == same.sample(configs, 4, seed=0)
+    assert picked == sorted(picked, key=configs.index)  # store order kept
+    assert same.sample(configs, 0, seed=0) == configs
+    then, now = [100.0, 200.0, 300.0], [50.0, 100.0, 150.0]  # every pair at one half
+    assert same.ratio_interval(then, now) == pytest.approx([0.5, 0.5])
+    low, high = same.ratio_interval([100.0, 100.0, 100.0, 100.0], [40.0, 50.0, 80.0, 90.0])
+    assert 0.4 <= low < 0.65 < high <= 0.9
+    assert same.verdict(0.5, [0.45, 0.58]) == "met"
+    assert same.verdict(0.7, [0.65, 0.75]) == "not met"
+    assert same.verdict(0.6, [0.55, 0.66]) == "not separated from the target"
+    summary = {"pairs": 3, "then_seconds": 600.0, "now_seconds": 300.0, "then_median": 200.0}
+    summary |= {"now_median": 100.0, "ratio": 0.5, "ratio_ci95": [0.5, 0.5], "verdict": "met"}
+    result = {"then": "4e74747", "run_set": 84, "sample_seed": 0, "summary": summary}
+    lines = same.table(result | {"code": {"git_commit": "abcdef1" + "0" * 33}}).splitlines()
+    assert lines[0].startswith("3 of the 84 federated runs of the cpu store at 4e74747")
+    assert lines[4] == "| then (4e74747) | 3 | 600 s | 200 s |"
+    assert lines[5] == "| now (abcdef1) | 3 | 300 s | 100 s |"
+    assert lines[7].startswith("Now / then: 0.50 [95 % CI 0.50, 0.50] (target <= 0.60: met;")
+
+
+def test_same_runs_rebuilt_from_a_log_must_match_the_sample_pair_by_pair():
+    same = _load("reproduce_same_runs")
+    picked = [
+        {"algorithm": "fedproto", "dataset": "cifar10", "family": "htfe-cpu", "seed": 0}
+        | {"algo_options": {}},
+        {"algorithm": "fedtsp", "dataset": "cifar100", "family": "htfe-cpu", "seed": 1}
+        | {"algo_options": {"server_epochs": 1}},
+    ]
+    log = "noise\n1/2 fedproto cifar10 then 89 s, now 72 s\n2/2 fedtsp cifar100 then 264 s, now 261 s\n"
+    pairs = same.pairs_from_log(log, picked)
+    assert [(p["then"], p["now"]) for p in pairs] == [(89.0, 72.0), (264.0, 261.0)]
+    assert pairs[1]["algo_options"] == {"server_epochs": 1} and pairs[1]["seed"] == 1
+    with pytest.raises(SystemExit, match="not the sample's"):
+        same.pairs_from_log(log, picked[::-1])
+    with pytest.raises(SystemExit, match="the log has 1 pairs, the sample 2"):
+        same.pairs_from_log(log.splitlines()[1], picked)
