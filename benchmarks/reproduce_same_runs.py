@@ -14,7 +14,8 @@ today's (``single_thread_worker``). Each (then, now) pair of one config runs at 
 time, one per core, so both see the same machine; the figure of a run is the wall time its
 record holds. The ratio of the sums estimates the whole run set's; its 95 % interval comes
 from resampling the pairs. The FMCL runs are left out: the code of then ran them inside
-notebook 08 through another interface (824 of its 6,226 s).
+notebook 08 through another interface (824 of its 6,226 s). ``--pairs-from LOG
+--measured-at COMMIT`` rebuilds the output from the pairs a measuring run printed.
 """
 
 from __future__ import annotations
@@ -101,8 +102,8 @@ def verdict(ratio: float, interval: list[float]) -> str:
 
 def warm_caches(codes: dict[str, Path], work: Path, datasets: set[str]) -> None:
     """Decode the datasets into each code's cache first, so that no pair times a decode."""
+    names = sorted(datasets)
     for side, module in (("then", "fedtsp.experiments"), ("now", "fedtsp.paper.experiments")):
-        names = sorted(datasets)
         script = f"from {module} import DataSource\nfor n in {names!r}: DataSource('auto').get(n)"
         subprocess.run(
             [sys.executable, "-c", script], cwd=codes[side], env=_env(codes, work, side), check=True
