@@ -91,7 +91,7 @@ def ratio_interval(then: list[float], now: list[float], seed: int = 0) -> list[f
     return [float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))]
 
 
-def verdict(ratio: float, interval: list[float]) -> str:
+def verdict(interval: list[float]) -> str:
     """Met when the whole interval is at or below the target, not met when it is above."""
     if interval[1] <= TARGET:
         return "met"
@@ -215,7 +215,11 @@ def table(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--then", default="4e74747", help="the baseline's commit")
+    parser.add_argument(
+        "--then",
+        default="4e74747",
+        help="the baseline's commit (RUN_THEN assumes its module layout)",
+    )
     parser.add_argument("--sample", type=int, default=24, help="runs to pair; 0: all")
     parser.add_argument("--sample-seed", type=int, default=0)
     parser.add_argument("--out", default=str(RESULTS / "reproduce_cpu_same_runs.json"))
@@ -262,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             "now_median": float(np.median(now)),
             "ratio": ratio,
             "ratio_ci95": interval,
-            "verdict": verdict(ratio, interval),
+            "verdict": verdict(interval),
         },
         "machine": machine_facts(),
     }

@@ -187,9 +187,9 @@ def test_same_runs_pair_a_seeded_sample_and_judge_the_ratio_by_its_interval():
     assert same.ratio_interval(then, now) == pytest.approx([0.5, 0.5])
     low, high = same.ratio_interval([100.0, 100.0, 100.0, 100.0], [40.0, 50.0, 80.0, 90.0])
     assert 0.4 <= low < 0.65 < high <= 0.9
-    assert same.verdict(0.5, [0.45, 0.58]) == "met"
-    assert same.verdict(0.7, [0.65, 0.75]) == "not met"
-    assert same.verdict(0.6, [0.55, 0.66]) == "not separated from the target"
+    assert same.verdict([0.45, 0.58]) == "met"
+    assert same.verdict([0.65, 0.75]) == "not met"
+    assert same.verdict([0.55, 0.66]) == "not separated from the target"
     summary = {"pairs": 3, "then_seconds": 600.0, "now_seconds": 300.0, "then_median": 200.0}
     summary |= {"now_median": 100.0, "ratio": 0.5, "ratio_ci95": [0.5, 0.5], "verdict": "met"}
     result = {"then": "4e74747", "run_set": 84, "sample_seed": 0, "summary": summary}
