@@ -1,4 +1,5 @@
-"""Command line: `fedtsp run`, `fedtsp partition` (also `python -m fedtsp ...`)."""
+"""Command line: `fedtsp run`, `partition`, `describe`, `reproduce`, `verify` (also
+`python -m fedtsp ...`)."""
 
 from __future__ import annotations
 
@@ -246,6 +247,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="exit 0 even if a notebook lacked something the profile expects (see the summary)",
     )
 
+    ver = sub.add_parser(
+        "verify",
+        help="rerun stored runs from scratch with today's code and compare their histories",
+        description="Rerun the runs behind a table cell (e.g. `fedtsp verify --profile cpu "
+        "table1 FedTSP-MiniLM cifar100`), given run keys, or a seeded random sample of the "
+        "profile's store, and report per run: identical history, or the largest difference "
+        "per metric and the first round where they part. Exit 0 only when every rerun is "
+        "identical.",
+    )
+    ver.add_argument(
+        "table",
+        nargs="?",
+        help="fig1, table1, appendixD, table2, fig5, table4, table3 or fmcl",
+    )
+    ver.add_argument(
+        "values", nargs="*", help="labels every chosen run has (method, dataset, alpha, ...)"
+    )
+    ver.add_argument("--profile", default="cpu", help="whose run store (default: cpu)")
+    ver.add_argument("--key", nargs="+", default=[], metavar="KEY", help="run keys to verify")
+    ver.add_argument("--sample", type=int, metavar="N", help="a random sample of N stored runs")
+    ver.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
+    ver.add_argument("--workers", type=int, default=1, help="parallel reruns (default 1)")
+    ver.add_argument("--results", default="results", help="results root (default: results)")
+    ver.add_argument("--report", metavar="FILE", help="also write the result as Markdown")
+
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
     _add_data_args(part, defaults)
     part.add_argument(
@@ -401,6 +427,26 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    if args.sample is not None and args.sample < 1:
+        raise CliError(f"--sample {args.sample} is invalid; give an integer >= 1")
+    if args.workers < 1:
+        raise CliError(f"--workers {args.workers} is invalid; give an integer >= 1")
+    from fedtsp.paper.verify import run_verify
+
+    return run_verify(
+        args.profile,
+        table=args.table,
+        values=args.values,
+        keys=args.key,
+        sample=args.sample,
+        sample_seed=args.sample_seed,
+        results_root=args.results,
+        workers=args.workers,
+        report=args.report,
+    )
+
+
 def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -> int:
     """Print `exc` as one line and return `status`; with --debug / FEDTSP_DEBUG re-raise it."""
     if args.debug or debug_requested():
@@ -423,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         "partition": _cmd_partition,
         "describe": run_describe,
         "reproduce": _cmd_reproduce,
+        "verify": _cmd_verify,
     }
     try:
         return handlers[args.command](args)

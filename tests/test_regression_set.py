@@ -48,3 +48,14 @@ def test_differences_name_the_run_and_the_rows_that_changed():
         "c: not in the recorded set",
     ]
     assert rs.differences(expected, {"a": expected["a"]}, partial=True) == []
+
+
+def test_a_summary_field_added_later_is_not_a_difference_but_a_changed_one_is():
+    row = {"round": 0, "acc": 0.5}
+    expected = {"a": {"history": [row], "summary": {"best_acc": 0.5}}}
+    newer = {"a": {"history": [row], "summary": {"best_acc": 0.5, "converged": False}}}
+    assert rs.differences(expected, newer) == []
+    changed = {"a": {"history": [row], "summary": {"best_acc": 0.6, "converged": False}}}
+    assert rs.differences(expected, changed) == [
+        "a: differs (history rows equal; summary or length)"
+    ]

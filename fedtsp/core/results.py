@@ -13,6 +13,7 @@ process never leaves a half-written record behind.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,8 +83,35 @@ def short_commit(info: dict[str, Any]) -> str:
     return (info.get("git_commit") or "unknown")[:7] + ("+dirty" if info.get("git_dirty") else "")
 
 
+# The plateau rule (a run "converged"): over its evaluated rounds, the mean of the last
+# PLATEAU_TAIL of them lies within PLATEAU_WITHIN of the best, and the best is not among the
+# last PLATEAU_EDGE of them. A curve still rising ends on its best; a noisy plateau keeps its
+# tail mean near the best and its best somewhere inside.
+PLATEAU_TAIL = 0.2
+PLATEAU_EDGE = 0.1
+PLATEAU_WITHIN = 0.005  # accuracy as a fraction: 0.5 points
+PLATEAU_RULE = (
+    f"a run has converged when the mean accuracy of its last {PLATEAU_TAIL:.0%} of evaluated "
+    f"rounds is within {100 * PLATEAU_WITHIN:g} point of its best round's, and its best round "
+    f"is not among the last {PLATEAU_EDGE:.0%}"
+)
+
+
+def converged(accs: list[float]) -> bool:
+    """Whether a curve of accuracies (fractions, one per evaluated round) reached a plateau
+    by the rule above; fewer than 10 evaluations never count as one."""
+    n = len(accs)
+    if n < 10:
+        return False
+    tail = max(2, math.ceil(PLATEAU_TAIL * n))
+    edge = max(1, math.ceil(PLATEAU_EDGE * n))
+    best = int(np.argmax(accs))
+    return best < n - edge and float(np.mean(accs[-tail:])) >= accs[best] - PLATEAU_WITHIN
+
+
 def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """Best-round accuracy (the paper's number) and the mean of the last 5 evaluations."""
+    """Best-round accuracy (the paper's number), the mean of the last 5 evaluations and
+    whether the run converged (`converged`)."""
     accs = [row["acc"] for row in history]
     best = int(np.argmax(accs))
     summary = {
@@ -93,6 +121,7 @@ def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
         "final_acc": accs[-1],
         "last5_mean_acc": float(np.mean(accs[-5:])),
         "evaluations": len(accs),
+        "converged": converged(accs),
     }
     globals_ = [row["global_acc"] for row in history if row.get("global_acc") is not None]
     if globals_:

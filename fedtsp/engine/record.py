@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from fedtsp.core.config import RunConfig
+from fedtsp.core.machine import cpu_class
 from fedtsp.core.results import RECORD_VERSION, code_version, summarize_history
 
 KIND = "federated"  # the "kind" of these records in a run store
@@ -90,6 +91,7 @@ def federated_record(
             "device": str(config.device),
             "threads": torch.get_num_threads(),
         }
+        | ({"cpu": cpu_class()} if device.type == "cpu" else {})
         | (environment or {}),
         "dataset": {k: dataset[k] for k in ("name", "source", "checksum", "classes")},
         "partition": partition,

@@ -1,0 +1,302 @@
+"""`fedtsp verify`: rerun stored runs from scratch with today's code and compare histories.
+
+What a reviewer checking one number runs. The runs to check are named by a table cell
+(`fedtsp verify --profile cpu table1 FedTSP-MiniLM cifar100`: the runs behind the cells of
+Table 1 whose labels include every value given), by run key (`--key`), or drawn as a seeded
+random sample of the profile's store (`--sample N`). Each is rerun from its record's config
+into a temporary store (the committed store is only read) and reported as identical, or
+with the largest difference per metric and the first round where the histories part.
+
+Bit-identical histories are expected on the CPU class the record was made on (PyTorch and
+oneDNN choose kernels by instruction set); each line says whether this machine's class is
+the record's, another, or unknown (records made before the class was recorded).
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.machine import cpu_class, same_class
+from fedtsp.core.results import RunStore, short_commit
+from fedtsp.engine.simulation import run_key
+from fedtsp.paper.experiments import DataSource, RunSpec, run_all
+from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
+
+# Values of a history row that measure time or the machine, not the computation.
+UNTIMED = {"timings", "wall"}
+
+
+def _base_family(spec: RunSpec, params: dict[str, Any]) -> bool:
+    return spec.labels.get("family") == params["base"].get("family")
+
+
+def _other_family(spec: RunSpec, params: dict[str, Any]) -> bool:
+    return not _base_family(spec, params)
+
+
+def _every(spec: RunSpec, params: dict[str, Any]) -> bool:
+    return True
+
+
+# A table or figure name -> (its notebook, which of the notebook's runs it shows).
+TABLES: dict[str, tuple[str, Callable[[RunSpec, dict[str, Any]], bool]]] = {
+    "fig1": ("02_prototype_semantics", _every),
+    "table1": ("03_main_table", _base_family),
+    "appendixD": ("03_main_table", _other_family),
+    "table2": ("04_ablations", _every),
+    "fig5": ("05_llm_robustness", _every),
+    "table4": ("06_dp", _every),
+    "table3": ("07_homogeneous", _every),
+    "fmcl": ("08_fmcl", _every),
+}
+
+
+@dataclass
+class Check:
+    """One rerun run: the record's key and labels, and how today's history compares."""
+
+    key: str
+    label: str
+    rounds: int
+    code: str
+    cpu: bool | None  # same CPU class as the record's; None: the record names none
+    new_key: str = ""
+    differences: dict[str, float] = field(default_factory=dict)  # metric -> largest |diff|
+    first_round: int | None = None
+    error: str = ""
+
+    @property
+    def identical(self) -> bool:
+        return not self.error and not self.differences and self.new_key == self.key
+
+    def line(self) -> str:
+        cpu = {True: "same CPU class", False: "another CPU class", None: "CPU not recorded"}
+        head = f"{self.key} {self.label} (code {self.code}, {cpu[self.cpu]}): "
+        if self.error:
+            return head + f"rerun failed: {self.error}"
+        if self.new_key != self.key:
+            head += f"today's code gives this config the key {self.new_key}; "
+        if not self.differences:
+            return head + f"identical history ({self.rounds} evaluations)"
+        worst = ", ".join(f"{m} {d:.4g}" for m, d in sorted(self.differences.items()))
+        return head + f"differs from round {self.first_round}; largest differences: {worst}"
+
+
+def compare_histories(
+    recorded: Sequence[dict[str, Any]], rerun: Sequence[dict[str, Any]]
+) -> tuple[dict[str, float], int | None]:
+    """(metric -> largest absolute difference, first differing round) of two histories;
+    timings are left out, a metric present on one side only counts as an infinite one, and
+    unequal lengths part at the first missing round."""
+    differences: dict[str, float] = {}
+    first: int | None = None
+    for i in range(max(len(recorded), len(rerun))):
+        if i >= len(recorded) or i >= len(rerun):
+            row = (recorded if i < len(recorded) else rerun)[i]
+            differences["rounds"] = math.inf
+            first = row.get("round", i) if first is None else first
+            break
+        a, b = recorded[i], rerun[i]
+        for name in (set(a) | set(b)) - UNTIMED:
+            gap = _gap(a.get(name), b.get(name))
+            if gap:
+                differences[name] = max(differences.get(name, 0.0), gap)
+                first = a.get("round", i) if first is None else first
+    return differences, first
+
+
+def _gap(a: Any, b: Any) -> float:
+    """Largest absolute difference of two values (numbers or lists of them); NaN == NaN."""
+    if a is None or b is None:
+        return 0.0 if a is b else math.inf
+    if isinstance(a, list | tuple) or isinstance(b, list | tuple):
+        if not isinstance(a, list | tuple) or not isinstance(b, list | tuple) or len(a) != len(b):
+            return math.inf
+        return max((_gap(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        if math.isnan(a) and math.isnan(b):
+            return 0.0
+        return abs(float(a) - float(b)) if a != b else 0.0
+    return 0.0 if a == b else math.inf
+
+
+def select(
+    profile: Profile,
+    store: RunStore,
+    source: DataSource,
+    results_root: str | Path,
+    *,
+    table: str | None = None,
+    values: Sequence[str] = (),
+    keys: Sequence[str] = (),
+    sample: int | None = None,
+    sample_seed: int = 0,
+) -> list[tuple[dict[str, Any], str]]:
+    """(record, label) of every run to check, in the order asked; unknown names fail here."""
+    chosen: dict[str, str] = {}
+    if table is not None:
+        if table not in TABLES:
+            raise ConfigError(f"unknown table {table!r}; choose one of {', '.join(TABLES)}")
+        notebook, shown = TABLES[table]
+        params = notebook_parameters(profile, notebook, results_root)
+        specs = [s for s in notebook_plan(notebook, params, source) if shown(s, params)]
+        matching = [
+            s for s in specs if all(v in {str(x) for x in s.labels.values()} for v in values)
+        ]
+        if not matching:
+            known = sorted({str(x) for s in specs for x in s.labels.values()})
+            raise ConfigError(
+                f"no run of {table} has the labels {', '.join(values) or '(none)'}; its "
+                f"labels are: {', '.join(known)}"
+            )
+        for spec in matching:
+            key = run_key(spec.config, source.datasets(spec.config))
+            label = " ".join(str(spec.labels[k]) for k in sorted(spec.labels, key="method".__ne__))
+            chosen.setdefault(key, f"{label} seed {spec.config.seed}")
+    for key in keys:
+        chosen.setdefault(key, "")
+    if sample:
+        stored = sorted(p.stem for p in store.root.glob("*.json"))
+        if sample > len(stored):
+            raise ConfigError(f"--sample {sample} exceeds the {len(stored)} runs in {store.root}")
+        rng = np.random.default_rng(sample_seed)
+        for i in sorted(rng.choice(len(stored), size=sample, replace=False)):
+            chosen.setdefault(stored[int(i)], "")
+    if not chosen:
+        raise ConfigError("name the runs to verify: a table (and labels), --key or --sample")
+    out = []
+    for key, label in chosen.items():
+        record = store.load(key)
+        if record is None:
+            raise ConfigError(f"run {key} is not in the store {store.root}")
+        out.append((record, label or describe(record)))
+    return out
+
+
+def describe(record: dict[str, Any]) -> str:
+    """A short label of a record: method, dataset or population, seed."""
+    c = record["config"]
+    where = c.get("population") or c.get("dataset")
+    return f"{c['algorithm']} {where} seed {c['seed']}"
+
+
+def verify(
+    chosen: list[tuple[dict[str, Any], str]], source: DataSource, workers: int = 1
+) -> list[Check]:
+    """Rerun every chosen record's config from scratch and compare its history."""
+    here = cpu_class()
+    specs = [RunSpec(RunConfig.from_dict(record["config"])) for record, _ in chosen]
+    with tempfile.TemporaryDirectory(prefix="fedtsp-verify-") as tmp:
+        reruns = run_all(specs, source, tmp, workers=workers, progress=True)
+    checks = []
+    for (record, label), spec, new in zip(chosen, specs, reruns, strict=True):
+        differences, first = compare_histories(record["history"], new["history"])
+        checks.append(
+            Check(
+                key=record["key"],
+                label=label,
+                rounds=len(record["history"]),
+                code=short_commit(record),
+                cpu=same_class((record.get("environment") or {}).get("cpu"), here),
+                new_key=run_key(spec.config, source.datasets(spec.config)),
+                differences=differences,
+                first_round=first,
+            )
+        )
+    return checks
+
+
+def run_verify(
+    profile_name: str,
+    *,
+    table: str | None,
+    values: Sequence[str],
+    keys: Sequence[str],
+    sample: int | None,
+    sample_seed: int,
+    results_root: str | Path,
+    workers: int,
+    report: str | Path | None = None,
+) -> int:
+    """The `fedtsp verify` command: exit 0 only when every rerun history is identical."""
+    profile = load_profile(profile_name)
+    store = RunStore(Path(results_root) / profile.name / "runs")
+    if not store.root.is_dir():
+        raise ConfigError(f"profile {profile.name!r} has no run store at {store.root}")
+    source = DataSource(profile.data, profile.synthetic_per_class)
+    chosen = select(
+        profile,
+        store,
+        source,
+        results_root,
+        table=table,
+        values=values,
+        keys=keys,
+        sample=sample,
+        sample_seed=sample_seed,
+    )
+    print(f"verifying {len(chosen)} run(s) of {store.root} with today's code")
+    checks = verify(chosen, source, workers)
+    lines = [c.line() for c in checks]
+    same = sum(c.identical for c in checks)
+    lines.append(f"{same} of {len(checks)} reruns identical to their records")
+    print("\n".join(lines))
+    if report is not None:
+        write_report(report, checks, profile.name, table, values, keys, sample, sample_seed)
+    return 0 if same == len(checks) else 1
+
+
+def write_report(
+    path: str | Path,
+    checks: list[Check],
+    profile: str,
+    table: str | None,
+    values: Sequence[str],
+    keys: Sequence[str],
+    sample: int | None,
+    sample_seed: int,
+) -> None:
+    """The checks as a Markdown file (for committed evidence)."""
+    from fedtsp.core.atomic import atomic_write_text
+    from fedtsp.core.results import code_version
+
+    asked = " ".join(
+        [f"--profile {profile}"]
+        + ([table, *values] if table else [])
+        + [f"--key {k}" for k in keys]
+        + ([f"--sample {sample} --sample-seed {sample_seed}"] if sample else [])
+    )
+    here = cpu_class()
+    lines = [
+        f"# fedtsp verify {asked}",
+        "",
+        f"Today's code: {short_commit(code_version())}; this machine's CPU class: "
+        f"{here['capability']} ({', '.join(here['flags'])}).",
+        "",
+        "| run | what | recorded by | CPU class | result |",
+        "|---|---|---|---|---|",
+    ]
+    cpu = {True: "same", False: "other", None: "not recorded"}
+    for c in checks:
+        if c.error:
+            result = f"rerun failed: {c.error}"
+        elif c.identical:
+            result = f"identical ({c.rounds} evaluations)"
+        else:
+            worst = ", ".join(f"{m} {d:.4g}" for m, d in sorted(c.differences.items()))
+            result = f"differs from round {c.first_round}: {worst}" if c.differences else ""
+            if c.new_key != c.key:
+                result = f"new key {c.new_key}; " + (result or "identical history")
+        lines.append(f"| {c.key} | {c.label} | {c.code} | {cpu[c.cpu]} | {result} |")
+    same = sum(c.identical for c in checks)
+    lines += ["", f"{same} of {len(checks)} reruns identical to their records.", ""]
+    atomic_write_text(Path(path), "\n".join(lines))

@@ -1,0 +1,89 @@
+"""`fedtsp verify`: a stored run reruns to the same history; an edited record is caught."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from fedtsp.cli import main
+from fedtsp.paper import verify
+from fedtsp.paper.experiments import DataSource, run_all
+from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.profiles import load_profile, notebook_parameters
+
+
+@pytest.fixture(scope="module")
+def smoke_store(tmp_path_factory):
+    """The smoke profile's Table 1 runs of FedProto on cifar10, in a results root of their own."""
+    root = tmp_path_factory.mktemp("verify") / "results"
+    profile = load_profile("smoke")
+    params = notebook_parameters(profile, "03_main_table", root)
+    source = DataSource(profile.data, profile.synthetic_per_class)
+    specs = [
+        s
+        for s in notebook_plan("03_main_table", params, source)
+        if s.labels["method"] == "FedProto"
+        and s.labels["dataset"] == "cifar10"
+        and s.labels["family"] == params["base"]["family"]
+    ]
+    records = run_all(specs, source, root / "smoke" / "runs", progress=False)
+    return root, [r["key"] for r in records]
+
+
+def test_a_table_cell_reruns_to_an_identical_history(smoke_store, capsys):
+    root, keys = smoke_store
+    status = main(["verify", "--profile", "smoke", "table1", "FedProto", "cifar10",
+                   "--results", str(root), "--report", str(root / "verify.md")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert status == 0, out
+    assert f"{keys[0]} FedProto" in out and "identical history (3 evaluations)" in out
+    assert "same CPU class" in out  # made on this machine, today
+    assert "1 of 1 reruns identical" in (root / "verify.md").read_text()
+
+
+def test_an_edited_record_is_reported_with_its_difference(smoke_store, capsys):
+    root, keys = smoke_store
+    path = root / "smoke" / "runs" / f"{keys[0]}.json"
+    original = path.read_text()
+    record = json.loads(original)
+    record["history"][1]["acc"] += 0.125
+    path.write_text(json.dumps(record))
+    try:
+        status = main(["verify", "--profile", "smoke", "--key", keys[0], "--results", str(root)])
+    finally:
+        path.write_text(original)
+    out = capsys.readouterr().out
+    assert status == 1
+    assert "differs from round 1; largest differences: acc 0.125" in out
+    assert "0 of 1 reruns identical" in out
+
+
+def test_compare_histories_names_each_metric_and_the_first_round():
+    a = [{"round": 0, "acc": 0.1, "client_acc": [0.1, 0.2], "timings": {"x": 1}, "wall": 3.0}]
+    a += [{"round": 1, "acc": 0.2, "client_acc": [0.3, 0.4], "loss": math.nan}]
+    b = [{"round": 0, "acc": 0.1, "client_acc": [0.1, 0.2], "timings": {"x": 9}, "wall": 1.0}]
+    b += [{"round": 1, "acc": 0.25, "client_acc": [0.3, 0.1], "loss": math.nan}]
+    differences, first = verify.compare_histories(a, b)
+    assert first == 1
+    assert differences == pytest.approx({"acc": 0.05, "client_acc": 0.3})
+    assert verify.compare_histories(a, a) == ({}, None)
+    shorter, first = verify.compare_histories(a, a[:1])
+    assert shorter == {"rounds": math.inf} and first == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["verify", "--profile", "smoke"], "name the runs to verify"),
+        (["verify", "--profile", "smoke", "table9"], "unknown table 'table9'"),
+        (["verify", "--profile", "smoke", "--sample", "0"], "--sample 0 is invalid"),
+        (["verify", "--profile", "smoke", "--key", "nokey"], "run nokey is not in the store"),
+    ],
+)
+def test_bad_requests_fail_in_one_line_before_any_rerun(smoke_store, capsys, argv, message):
+    root, _ = smoke_store
+    assert main([*argv, "--results", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
