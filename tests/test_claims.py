@@ -23,6 +23,8 @@ def _effect(*values: float) -> Summary:
         ((1.0, 1.2, 0.9), "above", C.HOLDS),
         ((-1.0, -1.2, -0.9), "above", C.CONTRADICTED),
         ((1.0, -1.0, 0.5), "above", C.NOT_SEPARATED),
+        ((0.05, -0.05, 0.0, 0.02, -0.02), "above", C.EQUIVALENT),  # inside ±1, well measured
+        ((0.9, -0.9, 0.0), "above", C.NOT_SEPARATED),  # inside ±1 on average, too wide
         ((2.0,), "above", C.NOT_TESTABLE),  # one seed: no interval
         ((0.1, -0.1, 0.0), "within", C.HOLDS),
         ((3.0, 3.2, 2.9), "within", C.CONTRADICTED),
@@ -41,11 +43,14 @@ def test_the_verdict_rule_reads_the_interval_against_zero_or_the_tolerance(value
 def test_the_rule_rejects_an_unknown_kind_and_states_its_numbers():
     with pytest.raises(ValueError, match="kind='equal'"):
         C.verdict(_effect(1.0, 2.0), "equal")
-    assert "95 %" in C.RULE and "5x chance" in C.RULE and "±1 point" in C.RULE
-    assert "halfway from chance to 100 %" in C.RULE
+    assert "95 %" in C.RULE and "5x chance" in C.RULE and "Holm" in C.RULE
+    assert "halfway from chance to 100 %" in C.RULE and "label prior" in C.RULE
+    assert "within 5 points of the floor" in C.RULE and "95 %" in C.RULE
 
 
 def test_a_claim_combines_its_parts():
+    assert C.overall([C.EQUIVALENT, C.EQUIVALENT, C.NOT_TESTABLE]) == C.EQUIVALENT
+    assert C.overall([C.HOLDS, C.EQUIVALENT]) == C.NOT_SEPARATED
     assert C.overall([C.HOLDS, C.HOLDS, C.NOT_TESTABLE]) == C.HOLDS
     assert C.overall([C.HOLDS, C.NOT_SEPARATED]) == C.NOT_SEPARATED
     assert C.overall([C.HOLDS, C.CONTRADICTED]) == C.CONTRADICTED
@@ -130,7 +135,8 @@ def test_fmcl_findings_name_baselines_that_found_fmcls_clusters():
     found = {f.claim: f for f in C.fmcl(bench)}
     assert "same clusters as FMCL on every seed: ifca" in found["M1"].reason
     assert found["M1"].effect.mean == pytest.approx(2.0)  # points, fmcl - ifca
-    assert found["M2"].effect.mean == 0 and found["M2"].verdict == C.NOT_SEPARATED
+    # identical clusterings on every seed: a difference of exactly 0, a well-measured tie
+    assert found["M2"].effect.mean == 0 and found["M2"].verdict == C.EQUIVALENT
     assert found["M3"].verdict == C.HOLDS
 
 
@@ -159,3 +165,65 @@ def test_the_report_lists_every_claim_and_keeps_numbers_in_columns(tmp_path):
     assert table["mean"].tolist() == pytest.approx([2.25, 0.0])
     summary = (tmp_path / "claims_summary.md").read_text()
     assert summary.count("\n| ") == len(C.CLAIMS)
+
+
+def test_holm_adjusts_in_step_down_order():
+    assert C.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert C.holm([0.5]) == [0.5]
+
+
+def test_holm_within_a_claim_can_turn_a_lone_significant_part_into_not_separated():
+    # Each part alone holds (its 95 % interval excludes 0), but barely.
+    lone = {0: 1.0, 1: 1.7, 2: 1.1}, {0: 0.0, 1: 0.0, 2: 0.0}
+    one = C.compare("F3", "a", "x", *lone)
+    assert one.verdict == C.HOLDS and one.p_holm < C.ALPHA
+    weak = [one, C.compare("F3", "b", "x", {0: 5.0, 1: -3.0, 2: 1.0}, lone[1])]
+    judged = C.judge(weak)
+    assert judged[0].p_holm == pytest.approx(2 * one.p_holm)
+    assert one.p_holm == pytest.approx(0.0286, abs=1e-3)  # t = 5.79 on 2 df
+    assert judged[0].verdict == C.NOT_SEPARATED  # 0.057 after Holm over two parts
+    # A part of another claim is not in the family.
+    other = C.judge([one, C.compare("F4", "b", "x", {0: 5.0, 1: -3.0, 2: 1.0}, lone[1])])
+    assert other[0].p_holm == pytest.approx(one.p_holm)
+
+
+def test_a_part_within_the_margin_of_the_label_prior_is_not_testable():
+    ours, theirs = {0: 80.0, 1: 81.0, 2: 80.5}, {0: 78.0, 1: 79.0, 2: 78.4}
+    near = C.compare("F3", "c10", "x", ours, theirs, floor=77.0)
+    assert near.verdict == C.NOT_TESTABLE
+    assert "within 5 points of the label prior (77.0 %)" in near.reason
+    clear = C.compare("F3", "c10", "x", ours, theirs, floor=70.0)
+    assert clear.verdict == C.HOLDS
+
+
+def test_a_top_k_part_at_the_ceiling_is_not_testable():
+    found = C.compare("F8", "c10", "x", {0: 99.5, 1: 99.6}, {0: 99.4, 1: 99.5}, ceiling=95.0)
+    assert found.verdict == C.NOT_TESTABLE and "95 % ceiling" in found.reason
+
+
+def test_unconverged_runs_keep_their_verdict_but_say_so_and_fail_a_balanced_test():
+    ours, theirs = {0: 62.0, 1: 63.0, 2: 62.5}, {0: 51.0, 1: 51.5, 2: 51.2}
+    local = C.compare("F3", "x", "y", ours, theirs, converged=False, rounds=20)
+    assert local.verdict == C.HOLDS and local.reason == "not converged at 20 rounds"
+    balanced = C.compare("F7", "x", "y", ours, theirs, chance=10.0, converged=False, rounds=20)
+    assert balanced.verdict == C.NOT_TESTABLE
+
+
+def test_context_reads_floors_and_plateaus_from_a_runs_frame():
+    frame = pd.DataFrame(
+        {
+            "method": ["A", "A", "B", "B"],
+            "seed": [0, 1, 0, 1],
+            "label_prior": [70.0, 72.0, 70.0, 72.0],
+            "label_prior_top5": [99.0, 99.0, 99.0, 99.0],
+            "converged": [True, True, True, False],
+            "rounds": [20, 20, 20, 20],
+        }
+    )
+    assert C.context(frame, "best_acc", method=["A", "B"]) == {
+        "floor": 71.0,
+        "converged": False,
+        "rounds": 20,
+    }
+    top5 = C.context(frame, "best_top5", method="A")
+    assert top5 == {"floor": 99.0, "ceiling": 95.0, "converged": True, "rounds": 20}

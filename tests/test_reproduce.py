@@ -27,7 +27,15 @@ EXPECTED = {
     "tables/descriptions_stats.csv": None,
     "tables/fig1_rho.csv": ["AlignFed", "FedProto", "FedTGP", "FedTSP-MiniLM"],
     "tables/fig1_gap.csv": ["AlignFed", "FedProto", "FedTGP", "FedTSP-MiniLM"],
-    "tables/table1_accuracy.csv": [*TWELVE, "FedDistill", "FedKD", "FedMRL", "FedTSP-MiniLM"],
+    "tables/table1_accuracy.csv": [
+        *TWELVE,
+        "FedDistill",
+        "FedKD",
+        "FedMRL",
+        "FedTSP-MiniLM",
+        "Label prior",
+    ],
+    "tables/table1_above_label_prior.csv": ["Local", "FedTSP-MiniLM"],
     "tables/table1_paper_reference.csv": ["FedProto", "FedTSP-BERT"],
     "tables/appendixD_families.csv": ["FedProto", "FedTSP-MiniLM"],
     "tables/fig6_rounds_to_95pct.csv": ["Local", "FedTSP-MiniLM"],
@@ -132,8 +140,10 @@ def test_smoke_reproduction_writes_every_artefact(smoke):
     table1 = pd.read_csv(out / "tables" / "table1_accuracy.csv")
     # The CSV holds the numbers, one row per cell: mean, sample std, n and 95 % interval.
     numbers = ["mean", "std", "n", "ci_low", "ci_high"]
-    assert list(table1.columns) == ["method", "dataset", "alpha", *numbers]
-    assert len(table1) == 12 * 2 and (table1["n"] == 1).all()
+    # and whether every run of the cell converged; the floor row comes last in each column
+    assert list(table1.columns) == ["method", "dataset", "alpha", *numbers, "converged"]
+    assert len(table1) == 13 * 2 and (table1["n"] == 1).all()
+    assert table1["method"].tolist()[-1] == "Label prior"
     assert (out / "tables" / "table1_accuracy.tex").read_text().count(r"\\") >= 13
     table3 = pd.read_csv(out / "tables" / "table3_homogeneous.csv")
     assert set(table3["method"].str.rstrip(" *")) == {

@@ -22,7 +22,7 @@ from fedtsp.algorithms import resolve_options
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.environment import data_path
 from fedtsp.core.paths import REPO_ROOT
-from fedtsp.core.results import RunStore
+from fedtsp.core.results import RunStore, converged
 from fedtsp.core.threads import single_thread_worker
 from fedtsp.data import (
     DatasetNotFoundError,
@@ -33,6 +33,7 @@ from fedtsp.data import (
 )
 from fedtsp.engine.runspec import check_run, data_names
 from fedtsp.engine.simulation import run_experiment, run_key
+from fedtsp.paper.floors import record_label_prior
 from fedtsp.paper.profiles import method_specs
 from fedtsp.paper.system import dataset_hint
 
@@ -250,6 +251,12 @@ def run_all(
     return records
 
 
+def _setting_converged(record: dict[str, Any]) -> bool:
+    """Whether Table 3's curve (the global model's, for gfl) reached a plateau."""
+    key = "gfl_acc" if record["config"].get("setting") == "gfl" else "acc"
+    return converged([r[key] for r in record["history"] if r.get(key) is not None])
+
+
 def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFrame:
     """One row per run: its labels, seed, key and summary numbers (accuracies in %)."""
     rows = []
@@ -263,6 +270,12 @@ def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFr
                 "seed": rec["config"]["seed"],
                 "key": rec["key"],
                 "best_acc": 100 * summary["best_acc"],
+                # the floors of its test splits (fedtsp.paper.floors) and its plateau
+                "label_prior": record_label_prior(rec),
+                "label_prior_top5": record_label_prior(rec, k=5),
+                "converged": converged([r["acc"] for r in rec["history"]]),
+                "setting_converged": _setting_converged(rec),
+                "rounds": rec["config"]["rounds"],
                 "last5_acc": 100 * summary["last5_mean_acc"],
                 "best_top5": 100 * summary["best_top5"],
                 "final_acc": 100 * summary["final_acc"],

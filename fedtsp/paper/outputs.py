@@ -19,7 +19,7 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.paths import scrub_paths
 from fedtsp.core.results import code_version
 from fedtsp.paper import claims as _claims
-from fedtsp.paper.tables import to_latex, to_markdown
+from fedtsp.paper.tables import UNCONVERGED, UNCONVERGED_NOTE, to_latex, to_markdown
 
 INDEX_HEADER = """# Results
 
@@ -164,6 +164,8 @@ class ResultsWriter:
         footer = f"\n\n{caption}\n\nProfile `{self.profile}`; runs: {len(set(runs))}."
         if notes:
             footer += f" {notes}"
+        if table.map(lambda v: isinstance(v, str) and v.endswith(UNCONVERGED)).any().any():
+            footer += f"\n\n{UNCONVERGED_NOTE}"
         files = [base.with_suffix(".csv"), base.with_suffix(".md"), base.with_suffix(".tex")]
         atomic_write_text(files[0], marked.to_csv(index=False))
         atomic_write_text(files[1], to_markdown(table, bold) + footer + "\n")

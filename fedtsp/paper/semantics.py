@@ -553,3 +553,25 @@ def plot_similarity_heatmap(
     if own_figure:  # leave a caller's layout alone
         fig.tight_layout()
     return fig
+
+
+def untrained_text_semantics(
+    dataset: str,
+    class_names: Sequence[str],
+    text_encoder: str = "minilm",
+    prompts: str = "long",
+) -> dict[str, float]:
+    """rho and gap of the text encoder's own class prototypes before any training: the mean
+    feature of each class's prompts, no context vectors (the prior FedTSP starts from)."""
+    from fedtsp.models.prompts import PromptLearner
+    from fedtsp.models.text import build_text_encoder
+    from fedtsp.text.descriptions import class_prompts
+
+    names = list(class_names)
+    encoder = build_text_encoder(text_encoder)
+    learner = PromptLearner(encoder, class_prompts(names, prompts, dataset=dataset), n_ctx=0)
+    sim = prototype_similarity(learner.frozen_prototypes())
+    return {
+        "rho": semantic_alignment(sim, wordnet_similarity(dataset, names)),
+        "gap": semantic_gap(sim, group_ids(dataset, names)),
+    }

@@ -6,7 +6,15 @@ from collections.abc import Callable
 
 import pandas as pd
 
+from fedtsp.core.results import PLATEAU_RULE
+from fedtsp.paper.floors import LABEL_PRIOR
 from fedtsp.paper.statistics import cell, summary_frame
+
+UNCONVERGED = "†"  # marks a cell with a run that had not reached its plateau
+UNCONVERGED_NOTE = (
+    f"{UNCONVERGED}: at least one of the cell's runs had not converged by the plateau rule "
+    f"({PLATEAU_RULE})."
+)
 
 
 def mean_std(
@@ -15,22 +23,56 @@ def mean_std(
     columns: str | list[str],
     value: str,
     decimals: int = 2,
+    converged: str = "converged",
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Pivot `value` to (index x columns): the "mean ± std" cells, the numeric means, and the
     tidy numbers behind them (one row per cell: mean, std, n, 95 % interval; for the CSV).
 
     Every number comes from `fedtsp.paper.statistics` (sample std, ddof = 1). Row and
-    column order follow their first appearance in `frame`.
+    column order follow their first appearance in `frame`. Where `frame` says whether each
+    run converged (its `converged` column, as `runs_table` gives), a cell with an unconverged
+    run ends with `UNCONVERGED` and `numbers` has a `converged` column.
     """
     rows, cols = _list(index), _list(columns)
     numbers = summary_frame(frame, [*rows, *cols], value)
+    if converged in frame:
+        settled = frame.groupby([*rows, *cols], sort=False)[converged].agg(
+            lambda c: bool(c.fillna(True).all())
+        )
+        numbers["converged"] = [settled[tuple(k)] for k in numbers[[*rows, *cols]].values]
     indexed = numbers.set_index([*rows, *cols])
     means = indexed["mean"].unstack(cols, sort=False)
+    marks = numbers["converged"] if "converged" in numbers else [True] * len(numbers)
     cells = pd.Series(
-        [cell(r.mean, r.std, r.n, decimals) for r in numbers.itertuples()], index=indexed.index
+        [
+            cell(r.mean, r.std, r.n, decimals) + ("" if ok else f" {UNCONVERGED}")
+            for r, ok in zip(numbers.itertuples(), marks, strict=True)
+        ],
+        index=indexed.index,
     )
     text = cells.unstack(cols, sort=False).reindex_like(means).fillna("-")
     return text, means, numbers
+
+
+def with_label_prior(
+    frame: pd.DataFrame,
+    index: str,
+    columns: str | list[str],
+    value: str = "best_acc",
+    prior: str = "label_prior",
+) -> pd.DataFrame:
+    """`frame` plus a `LABEL_PRIOR` row per table column and seed, whose `value` is the
+    label prior of that seed's partition (runs_table's `prior` column): a table made from
+    it shows the floor under its methods."""
+    keys = [*_list(columns), "seed"]
+    floor = frame.drop_duplicates(keys)[[*keys, prior]].rename(columns={prior: value})
+    return pd.concat([frame, floor.assign(**{index: LABEL_PRIOR})], ignore_index=True)
+
+
+def above_label_prior(frame: pd.DataFrame, value: str = "best_acc") -> pd.DataFrame:
+    """`frame` with `value` replaced by its points above the run's label prior."""
+    prior = "label_prior_top5" if value == "best_top5" else "label_prior"
+    return frame.assign(**{value: frame[value] - frame[prior]})
 
 
 def reading(
@@ -42,7 +84,8 @@ def reading(
     floor: Callable[[tuple], float | None] | None = None,
 ) -> str:
     """ "Reading: ..." — per column of a table (`by`), its leading row and the runner-up with
-    the gap between their means, from the numeric frame of `mean_std`.
+    the gap between their means, from the numeric frame of `mean_std` (a floor row is no
+    contender).
 
     `floor(column) -> value or None`: the level a setting must reach before its numbers
     compare methods (`fedtsp.paper.claims.learning_threshold`); a column whose leader stays
@@ -50,7 +93,7 @@ def reading(
     """
     cols = _list(by)
     parts = []
-    for key, part in numbers.groupby(cols, sort=False):
+    for key, part in numbers[numbers[row] != LABEL_PRIOR].groupby(cols, sort=False):
         key = key if isinstance(key, tuple) else (key,)
         name = ", ".join(str(k) for k in key)
         ranked = part.dropna(subset=["mean"]).sort_values("mean", ascending=not higher_is_better)
@@ -76,9 +119,10 @@ def reading(
 
 
 def best_mask(means: pd.DataFrame, higher_is_better: bool = True) -> pd.DataFrame:
-    """True at the best mean of each column (all ties marked)."""
-    best = means.max() if higher_is_better else means.min()
-    return means.eq(best, axis=1) & means.notna()
+    """True at the best mean of each column (all ties marked); a floor row is no method."""
+    methods = means.drop(index=LABEL_PRIOR, errors="ignore")
+    best = methods.max() if higher_is_better else methods.min()
+    return means.eq(best, axis=1) & means.notna() & (means.index != LABEL_PRIOR)[:, None]
 
 
 def flatten(table: pd.DataFrame, index_name: str | None = None) -> pd.DataFrame:

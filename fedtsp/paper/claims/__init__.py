@@ -10,6 +10,8 @@ notebook's `ResultsWriter.claims` stores them and rewrites `results/<profile>/cl
 
 from fedtsp.paper.claims.findings import (
     ablations,
+    context,
+    fedtsp_labels,
     fmcl,
     homogeneous,
     main_table,
@@ -20,9 +22,12 @@ from fedtsp.paper.claims.findings import (
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS, Claim
 from fedtsp.paper.claims.report import findings_frame, reading, write_report
 from fedtsp.paper.claims.rule import (
+    ALPHA,
     CONTRADICTED,
+    EQUIVALENT,
     HOLDS,
     LEARNS,
+    MARGINS,
     NOT_SEPARATED,
     NOT_TESTABLE,
     RULE,
@@ -30,17 +35,22 @@ from fedtsp.paper.claims.rule import (
     VERDICTS,
     Finding,
     compare,
+    holm,
+    judge,
     learning_threshold,
     overall,
     verdict,
 )
 
 __all__ = [
+    "ALPHA",
     "BY_ID",
     "CLAIMS",
     "CONTRADICTED",
+    "EQUIVALENT",
     "HOLDS",
     "LEARNS",
+    "MARGINS",
     "NOT_SEPARATED",
     "NOT_TESTABLE",
     "RULE",
@@ -50,9 +60,13 @@ __all__ = [
     "Finding",
     "ablations",
     "compare",
+    "context",
+    "fedtsp_labels",
     "findings_frame",
     "fmcl",
+    "holm",
     "homogeneous",
+    "judge",
     "learning_threshold",
     "main_table",
     "overall",

@@ -1,12 +1,15 @@
 """The findings of each notebook: which comparisons test its claims, on its own frames.
 
 One function per notebook (`semantics` for 02, `main_table` for 03, ...) takes the frames
-the notebook has built and returns one `Finding` per tested part of its claims.
+the notebook has built and returns one `Finding` per tested part of its claims, judged
+together (`judge`: Holm within each claim). Frames from `runs_table` carry each run's label
+prior and plateau, which set the parts' floors (`context`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -17,8 +20,10 @@ from fedtsp.paper.claims.rule import (
     Finding,
     by_seed,
     compare,
+    judge,
     strongest,
 )
+from fedtsp.paper.floors import CEILING
 
 PROTOTYPE_BASELINES = ("FedProto", "FedTGP", "AlignFed")
 CLUSTERING_BASELINES = ("ifca", "cfl", "pacfl")
@@ -27,6 +32,34 @@ CLUSTERING_BASELINES = ("ifca", "cfl", "pacfl")
 def fedtsp_labels(methods: Iterable[str]) -> list[str]:
     """The FedTSP variants among `methods` (one per text encoder)."""
     return [m for m in dict.fromkeys(methods) if str(m).startswith("FedTSP")]
+
+
+# The floor of each accuracy column on the clients' own test splits (runs_table's columns).
+_PRIORS = {"best_acc": "label_prior", "last5_acc": "label_prior", "best_top5": "label_prior_top5"}
+
+
+def context(
+    frame: pd.DataFrame, value: str, converged: str = "converged", **match: Any
+) -> dict[str, Any]:
+    """`compare`'s floor, ceiling and plateau arguments from the runs of `frame` matching
+    every column = value of `match` (a column's value may be a list): the mean label prior
+    of their partitions for a local-test accuracy, the ceiling for top-k, and whether all
+    of them converged (and their rounds). Columns a frame lacks are left out."""
+    rows = frame
+    for column, wanted in match.items():
+        wanted = wanted if isinstance(wanted, list | tuple | set) else [wanted]
+        rows = rows[rows[column].isin(list(wanted))]
+    out: dict[str, Any] = {}
+    prior = _PRIORS.get(value)
+    if prior in rows and rows[prior].notna().any():
+        out["floor"] = float(rows[prior].mean())
+    if value == "best_top5":
+        out["ceiling"] = CEILING
+    if converged in rows and len(rows):
+        out["converged"] = bool(rows[converged].all())
+        if "rounds" in rows:
+            out["rounds"] = int(rows["rounds"].max())
+    return out
 
 
 def _versus_strongest(
@@ -43,6 +76,8 @@ def _versus_strongest(
     rival = strongest(frame, value, column, rivals, options.get("lower_is_better", False))
     if rival is None:
         return Finding(claim, scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
+    if "chance" not in options:  # a balanced test set's floor is chance, given by the caller
+        options = context(frame, value, **{column: [ours, rival]}) | options
     return compare(
         claim,
         scope,
@@ -55,15 +90,35 @@ def _versus_strongest(
     )
 
 
-def semantics(sem: pd.DataFrame) -> list[Finding]:
-    """Fig. 1 (e, f): rho and gap per method, dataset and seed."""
+def semantics(
+    sem: pd.DataFrame, untrained: Mapping[str, Mapping[str, float]] | None = None
+) -> list[Finding]:
+    """Fig. 1 (e, f): rho and gap per method, dataset and seed.
+
+    `untrained` (dataset -> {"rho": ..., "gap": ...}): the text encoder's own prototypes
+    before any training; FedTSP is also compared with them (does federated training add
+    semantic structure, or keep the encoder's?).
+    """
     out = []
     for claim, metric in (("F1", "rho"), ("F2", "gap")):
         for ds, part in sem.groupby("dataset", sort=False):
             for ours in fedtsp_labels(part["method"]):
                 others = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
                 out.append(_versus_strongest(claim, str(ds), part, metric, ours, others, unit=""))
-    return out
+                if untrained and ds in untrained:
+                    mine = by_seed(part, metric, method=ours)
+                    before = {s: float(untrained[ds][metric]) for s in mine}
+                    out.append(
+                        compare(
+                            claim,
+                            str(ds),
+                            f"{ours} - its untrained text prototypes",
+                            mine,
+                            before,
+                            unit="",
+                        )
+                    )
+    return judge(out)
 
 
 def main_table(
@@ -87,22 +142,21 @@ def main_table(
         scope = f"{ds}, Dir({alpha:g})"
         for ours in ours_all:
             for claim, rivals in (("F3", PROTOTYPE_BASELINES), ("F4", others)):
-                out.append(
-                    _versus_strongest(
-                        claim, scope, part, "best_acc", ours, rivals, chance=chance[ds]
-                    )
-                )
+                out.append(_versus_strongest(claim, scope, part, "best_acc", ours, rivals))
             out.append(
                 _versus_strongest(
-                    "F7", scope, part, "global_acc", ours, PROTOTYPE_BASELINES, chance=chance[ds]
+                    "F7",
+                    scope,
+                    part,
+                    "global_acc",
+                    ours,
+                    PROTOTYPE_BASELINES,
+                    chance=chance[ds],
+                    **_plateau(part, [ours, *PROTOTYPE_BASELINES]),
                 )
             )
-            out.append(
-                _versus_strongest(
-                    "F8", scope, part, "best_top5", ours, others, chance=5 * chance[ds]
-                )
-            )
-            out.append(_convergence(scope, curves, ds, alpha, ours))
+            out.append(_versus_strongest("F8", scope, part, "best_top5", ours, others))
+            out.append(_convergence(scope, curves, ds, alpha, ours, part))
     for ds in dict.fromkeys(ds for ds, _ in columns):
         alphas = sorted(a for d, a in columns if d == ds)
         for ours in ours_all:
@@ -111,12 +165,14 @@ def main_table(
         rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
         ds = str(part["dataset"].iloc[0])
         for ours in fedtsp_labels(part["method"]):
-            out.append(
-                _versus_strongest(
-                    "F6", f"{family}, {ds}", part, "best_acc", ours, rivals, chance=chance[ds]
-                )
-            )
-    return out
+            out.append(_versus_strongest("F6", f"{family}, {ds}", part, "best_acc", ours, rivals))
+    return judge(out)
+
+
+def _plateau(frame: pd.DataFrame, methods: list[str]) -> dict[str, Any]:
+    """Only the plateau part of `context` (a balanced test set has no label prior)."""
+    found = context(frame, "", method=methods)
+    return {k: found[k] for k in ("converged", "rounds") if k in found}
 
 
 def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours: str) -> Finding:
@@ -147,13 +203,17 @@ def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours:
     )
 
 
-def _convergence(scope: str, curves: pd.DataFrame, ds: str, alpha: float, ours: str) -> Finding:
+def _convergence(
+    scope: str, curves: pd.DataFrame, ds: str, alpha: float, ours: str, main: pd.DataFrame
+) -> Finding:
     part = curves[(curves["dataset"] == ds) & (curves["alpha"] == alpha)]
     best = part.groupby(["method", "seed"])["acc"].max().reset_index()
     rival = strongest(best, "acc", "method", PROTOTYPE_BASELINES)
     if rival is None:
         return Finding("F9", scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
     target = 0.95 * best[best["method"] == rival]["acc"].mean()
+    runs = main[(main["dataset"] == ds) & (main["alpha"] == alpha)]
+    plateau = _plateau(runs, [ours, rival])
     last = int(part["round"].max())
 
     def rounds(method: str) -> dict[int, float]:
@@ -171,6 +231,7 @@ def _convergence(scope: str, curves: pd.DataFrame, ds: str, alpha: float, ours: 
         rounds(rival),
         lower_is_better=True,
         unit="rounds",
+        **plateau,
     )
 
 
@@ -179,7 +240,6 @@ def ablations(
     controls: pd.DataFrame,
     richness: pd.DataFrame,
     rows: Sequence[str],
-    chance: Mapping[str, float],
 ) -> list[Finding]:
     """Table 2 (F10), the semantic controls (F11) and Fig. 5 left (F12).
 
@@ -198,12 +258,13 @@ def ablations(
                     f"{upper[:3]} - {lower[:3]}",
                     by_seed(part, "best_acc", row=upper),
                     by_seed(part, "best_acc", row=lower),
-                    chance=chance[ds],
+                    **context(part, "best_acc", row=[upper, lower]),
                 )
             )
         text = by_seed(part, "best_acc", row=r2)
         mine = controls[controls["text_encoder"] == encoder]
         for control, targets in mine.groupby("control", sort=False):
+            both = pd.concat([part[part["row"] == r2], targets])
             out.append(
                 compare(
                     "F11",
@@ -211,7 +272,7 @@ def ablations(
                     f"(2) text - {control} targets",
                     text,
                     by_seed(targets, "best_acc"),
-                    chance=chance[ds],
+                    **context(both, "best_acc"),
                 )
             )
     for ds, part in richness.groupby("dataset", sort=False):
@@ -223,13 +284,13 @@ def ablations(
                     f"{upper} - {lower}",
                     by_seed(part, "best_acc", prompts=upper),
                     by_seed(part, "best_acc", prompts=lower),
-                    chance=chance[str(ds)],
+                    **context(part, "best_acc", prompts=[upper, lower]),
                 )
             )
-    return out
+    return judge(out)
 
 
-def writers(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+def writers(runs: pd.DataFrame) -> list[Finding]:
     """Fig. 5 right (F13): `runs` with columns description_set, writer, dataset, seed, best_acc.
 
     The reference is the long set; a part is every set by another writer (the template,
@@ -262,13 +323,13 @@ def writers(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
                     by_seed(other, "best_acc"),
                     by_seed(ref, "best_acc"),
                     kind="within",
-                    chance=chance[str(ds)],
+                    **context(pd.concat([other, ref]), "best_acc"),
                 )
             )
-    return out
+    return judge(out)
 
 
-def privacy(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+def privacy(runs: pd.DataFrame) -> list[Finding]:
     """Table 4 (F14): `runs` with columns epsilon ("no DP" or the value), dataset, seed."""
     out = []
     for ds, part in runs.groupby("dataset", sort=False):
@@ -282,10 +343,10 @@ def privacy(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
                     by_seed(part, "best_acc", epsilon=eps),
                     clean,
                     kind="no_worse",
-                    chance=chance[str(ds)],
+                    **context(part, "best_acc", epsilon=[eps, "no DP"]),
                 )
             )
-    return out
+    return judge(out)
 
 
 def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
@@ -296,12 +357,18 @@ def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding
         claim = "F15" if block == "GFL" else "F16"
         rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
         for ours in fedtsp_labels(part["method"]):
+            if block == "GFL":  # the global model on the balanced test set: chance, plateau
+                floors = {"chance": chance[ds]}
+                found = context(part, "", converged="setting_converged", method=ours)
+                floors |= {k: found[k] for k in ("converged", "rounds") if k in found}
+            else:  # personalised models on their clients' splits: the label prior
+                floors = context(part, "best_acc", method=ours)
             out.append(
                 _versus_strongest(
-                    claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, chance=chance[ds]
+                    claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, **floors
                 )
             )
-    return out
+    return judge(out)
 
 
 def fmcl(bench: pd.DataFrame) -> list[Finding]:
@@ -321,7 +388,7 @@ def fmcl(bench: pd.DataFrame) -> list[Finding]:
             )
             out.append(_with_note(found, note))
         out.append(_versus_strongest("M3", str(population), part, "accuracy", "fmcl", ["fedavg"]))
-    return out
+    return judge(out)
 
 
 def _same_clusters(part: pd.DataFrame, ours: str, others: Iterable[str]) -> list[str]:
@@ -348,13 +415,4 @@ def _canonical(assignment: Sequence[int]) -> tuple[int, ...]:
 def _with_note(finding: Finding, note: str) -> Finding:
     if not note:
         return finding
-    reason = f"{finding.reason}; {note}" if finding.reason else note
-    return Finding(
-        finding.claim,
-        finding.scope,
-        finding.comparison,
-        finding.effect,
-        finding.verdict,
-        reason,
-        finding.unit,
-    )
+    return replace(finding, reason=f"{finding.reason}; {note}" if finding.reason else note)

@@ -17,7 +17,8 @@ from fedtsp.paper.tables import to_markdown
 def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
     """One row per finding, numbers in their own columns (the CSV form)."""
     columns = ["claim", "scope", "comparison", "unit", "mean", "std", "n", "ci_low", "ci_high"]
-    return pd.DataFrame([f.row() for f in findings], columns=[*columns, "verdict", "reason"])
+    columns += ["margin", "p_holm", "verdict", "reason"]
+    return pd.DataFrame([f.row() for f in findings], columns=columns)
 
 
 def effect_text(row: Any) -> str:
@@ -35,17 +36,24 @@ def effect_text(row: Any) -> str:
 
 
 def findings_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """The readable table of findings: claim, part, effect [95 % CI], n, verdict, why."""
+    """The readable table of findings: claim, part, effect [95 % CI], n, margin, Holm p,
+    verdict, why."""
     return pd.DataFrame(
         {
             "claim": frame["claim"],
             "part": frame["scope"] + ": " + frame["comparison"],
             "effect [95 % CI]": [effect_text(r) for r in frame.itertuples()],
             "n": frame["n"].astype(int),
+            "margin": [_number(m, "±{:g}") for m in frame["margin"]],
+            "Holm p": [_number(p, "{:.3f}") for p in frame["p_holm"]],
             "verdict": frame["verdict"],
             "why": frame["reason"].fillna(""),
         }
     )
+
+
+def _number(value: Any, fmt: str) -> str:
+    return "-" if pd.isna(value) else fmt.format(value)
 
 
 def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -85,6 +93,7 @@ def write_report(folder: Path, profile: str) -> Path:
     frame = pd.concat(parts, ignore_index=True) if parts else findings_frame([])
     for column in ("reason", "unit"):  # empty text reads back as NaN
         frame[column] = frame[column].astype(object).fillna("")
+    frame = frame.reindex(columns=findings_frame([]).columns)  # older files lack p_holm
     summary = summary_table(frame)
     registry = pd.DataFrame(
         [
