@@ -65,3 +65,25 @@ def test_bars_draw_the_spread_the_tables_print():
     spans = [[y for y in line.get_ydata() if not math.isnan(y)] for line in fig.axes[0].lines]
     assert (min(spans[0]), max(spans[0])) == pytest.approx((80.0, 84.0))  # A: 82 ± 2
     assert spans[1] == []  # B has one seed: no bar at all
+
+
+def test_paired_power_matches_the_normal_approximation_for_many_seeds():
+    from fedtsp.paper.statistics import paired_power
+
+    # effect = 1 sd, 40 seeds: z-approximation power = Phi(sqrt(40) - 1.96) ~ 0.9999
+    assert paired_power(1.0, 1.0, 40) > 0.999
+    # effect = 0.5 sd, 34 seeds: the textbook 80 % (normal approximation: 32)
+    assert 0.78 < paired_power(0.5, 1.0, 34) < 0.84
+    assert paired_power(0.0, 1.0, 10) == pytest.approx(0.05, abs=1e-9)  # the test's size
+    assert paired_power(1.0, 1.0, 1) == 0.0
+
+
+def test_seeds_for_power_finds_the_smallest_n():
+    from fedtsp.paper.statistics import equivalence_power, paired_power, seeds_for_power
+
+    n = seeds_for_power(lambda k: paired_power(0.5, 1.0, k))
+    assert paired_power(0.5, 1.0, n) >= 0.8 > paired_power(0.5, 1.0, n - 1)
+    assert seeds_for_power(lambda k: paired_power(0.01, 1.0, k), most=20) is None
+    # equivalence needs more seeds than a difference of the same size
+    m = seeds_for_power(lambda k: equivalence_power(0.5, 1.0, k))
+    assert m > n and equivalence_power(0.5, 1.0, m) >= 0.8

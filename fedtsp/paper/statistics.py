@@ -11,7 +11,7 @@ cell says "n = 1", never "± 0.00".
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,3 +106,36 @@ def std_interval(values: Sequence[float]) -> tuple[float, float]:
     figure draws exactly the spread its table prints (no bar for one value)."""
     s = summarize(values)
     return (s.mean - s.std, s.mean + s.std)
+
+
+def paired_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the two-sided paired t-test at level `alpha` to find a true mean difference
+    `effect` whose per-seed differences have standard deviation `sd`, with `n` seeds
+    (noncentral t; both tails counted)."""
+    if n < 2:
+        return 0.0
+    df, ncp = n - 1, effect / (sd / math.sqrt(n))
+    crit = float(_scipy_stats.t.ppf(1 - alpha / 2, df))
+    nct = _scipy_stats.nct
+    return float(nct.sf(crit, df, ncp) + nct.cdf(-crit, df, ncp))
+
+
+def equivalence_power(margin: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """A lower bound on the power of two one-sided tests (each at `alpha` / 2, i.e. the 95 %
+    interval inside ± `margin`) to call a true difference of 0 equivalent: one minus the
+    two tails' miss probabilities (noncentral t)."""
+    if n < 2:
+        return 0.0
+    df, ncp = n - 1, margin / (sd / math.sqrt(n))
+    crit = float(_scipy_stats.t.ppf(1 - alpha / 2, df))
+    return max(0.0, 1.0 - 2.0 * float(_scipy_stats.nct.cdf(crit, df, ncp)))
+
+
+def seeds_for_power(
+    power_at: Callable[[int], float], target: float = 0.8, most: int = 100
+) -> int | None:
+    """The fewest seeds n (2 to `most`) with `power_at(n)` >= `target`; None beyond `most`."""
+    for n in range(2, most + 1):
+        if power_at(n) >= target:
+            return n
+    return None
