@@ -83,17 +83,17 @@ def short_commit(info: dict[str, Any]) -> str:
     return (info.get("git_commit") or "unknown")[:7] + ("+dirty" if info.get("git_dirty") else "")
 
 
-# The plateau rule (a run "converged"): over its evaluated rounds, the mean of the last
-# PLATEAU_TAIL of them lies within PLATEAU_WITHIN of the best, and the best is not among the
-# last PLATEAU_EDGE of them. A curve still rising ends on its best; a noisy plateau keeps its
-# tail mean near the best and its best somewhere inside.
+# The plateau rule (a run "converged"): the mean accuracy of the last PLATEAU_TAIL of its
+# evaluated rounds exceeds the mean of the PLATEAU_TAIL before them by less than
+# PLATEAU_WITHIN. Means of several rounds, not the best round: a personal model's accuracy on
+# its small test split moves by 0.5-1 point from round to round, so a run's best round is a
+# noisy maximum that a settled curve's tail stays below (seen in the pilot's runs).
 PLATEAU_TAIL = 0.2
-PLATEAU_EDGE = 0.1
 PLATEAU_WITHIN = 0.005  # accuracy as a fraction: 0.5 points
 PLATEAU_RULE = (
     f"a run has converged when the mean accuracy of its last {PLATEAU_TAIL:.0%} of evaluated "
-    f"rounds is within {100 * PLATEAU_WITHIN:g} point of its best round's, and its best round "
-    f"is not among the last {PLATEAU_EDGE:.0%}"
+    f"rounds is less than {100 * PLATEAU_WITHIN:g} point above the mean of the "
+    f"{PLATEAU_TAIL:.0%} before them"
 )
 
 
@@ -104,9 +104,8 @@ def converged(accs: list[float]) -> bool:
     if n < 10:
         return False
     tail = max(2, math.ceil(PLATEAU_TAIL * n))
-    edge = max(1, math.ceil(PLATEAU_EDGE * n))
-    best = int(np.argmax(accs))
-    return best < n - edge and float(np.mean(accs[-tail:])) >= accs[best] - PLATEAU_WITHIN
+    rise = float(np.mean(accs[-tail:])) - float(np.mean(accs[-2 * tail : -tail]))
+    return rise < PLATEAU_WITHIN
 
 
 def summarize_history(history: list[dict[str, Any]]) -> dict[str, Any]:
