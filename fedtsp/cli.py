@@ -126,7 +126,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="htfl (heterogeneous models), gfl or pfl (one architecture, e.g. --family homo-cpu)",
     )
     group.add_argument("--family", default=defaults.family, help="model family (see below)")
-    group.add_argument("--algorithm", default=defaults.algorithm, help="method (see below)")
+    group.add_argument(
+        "--algorithm", help=f"method (see below; default {defaults.algorithm}, with its defaults)"
+    )
+    group.add_argument(
+        "--preset",
+        metavar="LABEL",
+        help="a method label of fedtsp/paper/profiles.toml: its algorithm and options, e.g. "
+        "FedTSP-MiniLM (the full method: LLM descriptions + trainable prompts) or "
+        '"FedTSP (authors\' runs)"; flags given beside it override its options',
+    )
     group.add_argument("--rounds", type=int, default=defaults.rounds)
     group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
     group.add_argument("--lr", type=float, default=defaults.lr)
@@ -298,6 +307,10 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         for key, value in vars(args).items()
         if key.startswith("opt_") and value is not None
     }
+    if getattr(args, "preset", None):
+        values, options = _preset(args, values, options)
+    elif "algorithm" in values and values["algorithm"] is None:
+        values["algorithm"] = RunConfig().algorithm
     from fedtsp.engine.runspec import check_run  # imports torch: not at `fedtsp --help` time
 
     config = check_run(RunConfig(**values, algo_options=options))
@@ -308,6 +321,28 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
 
     typed = dataclasses.asdict(resolve_options(config.algorithm, options))
     return config.replace(algo_options={k: typed[k] for k in options})
+
+
+def _preset(
+    args: argparse.Namespace, values: dict[str, Any], options: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`--preset LABEL`: the label's algorithm, setting and options under the given flags."""
+    from fedtsp.paper.profiles import method_specs
+
+    specs = method_specs()
+    if args.preset not in specs:
+        raise CliError(f"--preset {args.preset!r} is unknown; choose one of: {', '.join(specs)}")
+    spec = dict(specs[args.preset])
+    algorithm = spec.pop("algorithm")
+    if args.algorithm is not None and args.algorithm != algorithm:
+        raise CliError(
+            f"--preset {args.preset!r} runs --algorithm {algorithm}, not {args.algorithm}; "
+            "give one of the two"
+        )
+    setting = spec.pop("setting", None)
+    if setting is not None:
+        values["setting"] = setting
+    return values | {"algorithm": algorithm}, spec | options
 
 
 def _check_data_path(path: str | None) -> None:

@@ -21,8 +21,9 @@ from torch import Tensor
 from fedtsp.models.families import ClientModel
 
 # Where a client's image prototypes come from: "pass", one pass with the trained model after
-# local training (the paper's Eq. 5); "training", the mean over the features of this round's
-# training forward passes, all local epochs (the authors' and HtFLlib's code; no extra pass).
+# local training (the paper's Eq. 5, and the authors' FedTSP clients); "training", the mean
+# over the features of this round's training forward passes, all local epochs (HtFLlib's and
+# the fork's FedProto; no extra pass).
 PROTOTYPE_SOURCES = ("pass", "training")
 
 

@@ -8,7 +8,9 @@ between the averaged uploads, capped at ``margin_cap``). Clients add
 ``lam * MSE(f(x), P_y)`` towards the trained prototypes to their cross-entropy.
 
 Defaults are those of the runs behind the paper's Table 1 (the authors' fork of HtFLlib with
-their script's lambda = 1): prototypes from a pass after training, the server's SGD at the
+their script's lambda = 1) but one: prototypes come from a pass with the model trained in this
+round, where the fork (and HtFLlib) pass the model saved before this round's training, one
+round stale (``prototype_model="before_training"``); the server's SGD at the
 clients' lr 0.01 and batch 100 for 100 epochs, margin cap 100, and evaluation through each
 client's own head, as the fork does (upstream HtFLlib classifies by the nearest trained
 prototype, ``eval_mode="prototype"``). Clients upload only the
@@ -31,6 +33,9 @@ from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.fedproto import EVAL_MODES, nearest_prototype_logits
 from fedtsp.algorithms.options import option
 
+# Which model a client's uploaded class prototypes come from (`prototype_model`).
+PROTOTYPE_MODELS = ("trained", "before_training")
+
 
 @dataclass
 class FedTGPOptions:
@@ -42,6 +47,19 @@ class FedTGPOptions:
     eval_mode: str = option(
         "head", "head (authors' code) or prototype (nearest, HtFLlib)", choices=EVAL_MODES
     )
+    prototype_model: str = option(
+        "trained",
+        "uploaded class prototypes from the model after this round's training (trained) or "
+        "before it (before_training: the authors' code and HtFLlib, one round stale)",
+        choices=PROTOTYPE_MODELS,
+    )
+
+
+@dataclass
+class FedTGPState(ClassTargets):
+    """``before``: the class prototypes of the model as the round began (before_training)."""
+
+    before: tuple[Tensor, Tensor] | None = None
 
 
 class TrainablePrototypes(nn.Module):
@@ -82,7 +100,7 @@ def _euclidean(a: Tensor, b: Tensor) -> Tensor:
 class FedTGP(Algorithm):
     name = "fedtgp"
     Options = FedTGPOptions
-    State = ClassTargets
+    State = FedTGPState
     server_state = ("generator", "global_protos", "metrics")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
@@ -108,8 +126,14 @@ class FedTGP(Algorithm):
             return client.model(x)
         return nearest_prototype_logits(client, x, protos)  # every class has a prototype
 
+    def prepare_evaluation(self, client: Client, round_index: int) -> None:
+        # The round's evaluation comes before local training: the model as the round began.
+        if self.opts.prototype_model == "before_training":
+            client.state.before = client.class_prototypes()
+
     def upload(self, client: Client) -> Message:
-        means, counts = client.class_prototypes()
+        stale = self.opts.prototype_model == "before_training" and client.state.before
+        means, counts = client.state.before if stale else client.class_prototypes()
         present = counts > 0
         return {"protos": means[present], "present": present}
 

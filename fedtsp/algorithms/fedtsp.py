@@ -14,12 +14,18 @@ hold the class (``weighting="uniform"``). Context vectors (``prompt_position``, 
 tokens inserted after it (the paper's "replace the first m token embeddings"); the
 authors' code overwrites the first m positions of the plain prompt, start token and
 m-1 real tokens included (``"overwrite_first"``; identical for m = 1, CIFAR-10);
-``"after_start"`` keeps the start/[CLS] token. Image prototypes (``prototype_source``): by
-default a pass with the trained model after local training (Eq. 5, "at the end of each
-training round"); the authors' code averages the features of the training forward passes
-of all local epochs instead (``"training"``, no extra pass). Runs with ``"training"`` hash
-with revision 1: before it a class met only in dropped partial batches was uploaded as a
-zero vector (the default's keys are unchanged).
+``"after_start"`` keeps the start/[CLS] token. Image prototypes (``prototype_source``): a pass with the trained model after local
+training (Eq. 5, "at the end of each training round"), as the authors' FedTSP clients do
+(``collect_protos()``); ``"training"`` averages the features of the training forward passes
+of all local epochs instead (HtFLlib's FedProto; no extra pass). Runs with ``"training"``
+hash with revision 1: before it a class met only in dropped partial batches was uploaded as
+a zero vector (the default's keys are unchanged). Eq. 7 (``infonce_direction``): the paper
+takes, for each text prototype, a softmax over the image prototypes; the authors' server
+computes ``image @ text.T`` logits, the softmax over text prototypes for each image
+prototype (``"image_to_text"``). BERT-style encoders (``bert_input``): the authors feed the
+embedding block's output back into the model as ``inputs_embeds`` (position, type and
+LayerNorm twice) with no attention mask (``"authors"``). The method label
+``FedTSP (authors' runs)`` (``profiles.toml``) sets every one of these code choices at once.
 
 Model-homogeneous settings (Table 3): in ``gfl`` (and as FedTSP-FT in ``pfl``) every client
 holds the same architecture, and the whole model, head included, is averaged with FedAvg
@@ -62,7 +68,14 @@ from fedtsp.algorithms.model_messages import (
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
 from fedtsp.models.prompts import PROMPT_POSITIONS, PromptLearner
-from fedtsp.models.text import build_text_encoder, text_encoder_names, text_encoder_width
+from fedtsp.models.text import (
+    BERT_INPUTS,
+    BertTextEncoder,
+    build_text_encoder,
+    is_bert_style,
+    text_encoder_names,
+    text_encoder_width,
+)
 from fedtsp.text.descriptions import (
     description_set_path,
     handcrafted_prompts,
@@ -71,6 +84,9 @@ from fedtsp.text.descriptions import (
 )
 
 PROMPT_VARIANTS = ("manual", "short", "long")
+# Eq. 7's softmax: per text prototype over the image prototypes (the paper's text), or per
+# image prototype over the text prototypes (the authors' server: `image @ text.T` logits).
+INFONCE_DIRECTIONS = ("text_to_image", "image_to_text")
 TARGETS = ("text", "random", "shuffled", "simplex")
 # Authors' per-dataset settings (PROTOCOL.md): CIFAR-10 m = 1, E_s = 1; otherwise 10 / 20.
 _SMALL_LABEL_SETS = ("cifar10", "fmnist")
@@ -84,7 +100,8 @@ class FedTSPOptions:
     )
     prompts: str = option(
         "manual",
-        "manual ('A photo of a {class}.'), or the committed short / long descriptions",
+        "manual ('A photo of a {class}.'; with trainable prompts, Table 2's row 4), or the "
+        "committed short / long descriptions (long + trainable prompts: the full method)",
         choices=PROMPT_VARIANTS,
     )
     description_set: str | None = option(
@@ -108,12 +125,25 @@ class FedTSPOptions:
         None, "server InfoNCE steps E_s (unset: 1 on CIFAR-10, else 20)", ">= 0"
     )
     server_lr: float = option(0.01, "SGD learning rate of the prompts and logit scale", "> 0")
+    infonce_direction: str = option(
+        "text_to_image",
+        "server loss (Eq. 7): softmax over image prototypes per text prototype (paper) or "
+        "over text prototypes per image prototype (image_to_text, authors' code)",
+        choices=INFONCE_DIRECTIONS,
+    )
+    bert_input: str = option(
+        "standard",
+        "BERT-style encoders: standard input, or the authors' (embedding block applied "
+        "twice, no attention mask)",
+        choices=BERT_INPUTS,
+    )
     weighting: str = option(
         "samples", "image-prototype average: samples (paper) or uniform (code)", choices=WEIGHTINGS
     )
     prototype_source: str = option(
         "pass",
-        "image prototypes: pass after training (Eq. 5) or training (forward passes, code)",
+        "image prototypes: pass after training (Eq. 5, authors' FedTSP) or training "
+        "(the training passes' features, HtFLlib's FedProto)",
         choices=PROTOTYPE_SOURCES,
     )
     dp_epsilon: float | None = option(
@@ -138,6 +168,11 @@ class FedTSPOptions:
             raise ValueError(
                 f"targets={self.targets!r} replaces the text prototypes by fixed vectors, "
                 "which no prompt can tune; set trainable_prompts=False"
+            )
+        if self.bert_input != "standard" and not is_bert_style(self.text_encoder):
+            raise ValueError(
+                f"bert_input={self.bert_input!r} applies to BERT-style encoders only, not to "
+                f"{self.text_encoder!r}"
             )
         if self.dp_epsilon is not None and self.dp_noise_std is not None:
             raise ValueError(
@@ -186,6 +221,8 @@ class FedTSP(Algorithm):
                 f"0..{self.ctx.num_clients - 1}"
             )
         encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
+        if isinstance(encoder, BertTextEncoder):
+            encoder.input_mode = opts.bert_input
         n_ctx = self._dataset_default(opts.prompt_tokens, 1, 10) if opts.trainable_prompts else 0
         prompts = self._class_prompts(encoder, n_ctx)
         self.server_epochs = (
@@ -313,6 +350,7 @@ class FedTSP(Algorithm):
 
     # ---- server side ----------------------------------------------------------------
     def server_step(self, uploads: list[Message], round_index: int) -> Message:
+        opts = self.opts
         image_protos, present = aggregate_prototypes(
             [u["protos"] for u in uploads], [u["counts"] for u in uploads], self.opts.weighting
         )
@@ -324,7 +362,10 @@ class FedTSP(Algorithm):
                 pending, self._pending_protos = self._pending_protos, None
                 protos = pending if epoch == 0 and pending is not None else self.learner()
                 text = F.normalize(protos[present], dim=1)
-                loss = F.cross_entropy(self.learner.logit_scale.exp() * text @ target.T, labels)
+                logits = text @ target.T  # rows: text prototypes; columns: image prototypes
+                if opts.infonce_direction == "image_to_text":
+                    logits = logits.T
+                loss = F.cross_entropy(self.learner.logit_scale.exp() * logits, labels)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()

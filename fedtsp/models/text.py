@@ -39,12 +39,14 @@ from torch import Tensor, nn
 from fedtsp.core.errors import UserError
 
 __all__ = [
+    "BERT_INPUTS",
     "TEXT_ENCODERS",
     "BertTextEncoder",
     "ClipTextEncoder",
     "TextEncoder",
     "TextEncoderSpec",
     "build_text_encoder",
+    "is_bert_style",
     "text_encoder_names",
     "text_encoder_width",
 ]
@@ -136,13 +138,24 @@ class TextEncoder(nn.Module, ABC):
 # --------------------------------------------------------------------------- BERT family
 
 
+# How a BERT-style encoder is fed (`BertTextEncoder.input_mode`): "standard", g0 is the word
+# embeddings and the model adds position and token-type embeddings and its LayerNorm once,
+# with the attention mask; "authors", as the FedTSP authors' BERT encoder: g0 is the whole
+# embedding block, whose output goes back into the model as `inputs_embeds` (position,
+# type and LayerNorm applied a second time) with no attention mask (padding attended).
+BERT_INPUTS = ("standard", "authors")
+
+
 class BertTextEncoder(TextEncoder):
     """A Hugging Face `BertModel` (bert-base-uncased, MiniLM, ...) fed through `inputs_embeds`.
 
     `BertModel(inputs_embeds=e)` still adds position and token-type embeddings and applies the
     embedding LayerNorm (see `BertEmbeddings.forward`), so g0 is exactly `word_embeddings`
-    and trainable prompts see the same positional treatment as real words.
+    and trainable prompts see the same positional treatment as real words. `input_mode`
+    "authors" reproduces the authors' double embedding pass instead (`BERT_INPUTS`).
     """
+
+    input_mode = "standard"
 
     def __init__(
         self,
@@ -181,10 +194,13 @@ class BertTextEncoder(TextEncoder):
         return [list(s) for s in enc["input_ids"]]
 
     def embed_tokens(self, ids: Tensor) -> Tensor:
+        if self.input_mode == "authors":  # the whole embedding block: words, positions, types
+            return self.model.embeddings(input_ids=ids)
         return self.model.get_input_embeddings()(ids)
 
     def encode_embeddings(self, embeds: Tensor, mask: Tensor) -> Tensor:
-        hidden = self.model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+        attention = None if self.input_mode == "authors" else mask
+        hidden = self.model(inputs_embeds=embeds, attention_mask=attention).last_hidden_state
         if self.pooling == "cls":
             return hidden[:, 0]
         # Masked mean so padding never changes a feature (sentence-transformers' pooling).
@@ -361,6 +377,7 @@ class TextEncoderSpec:
     token_width: int
     checkpoint: str
     loader: Callable[..., TextEncoder]
+    bert_style: bool = True  # a BertTextEncoder (BERT_INPUTS apply)
 
 
 TEXT_ENCODERS: dict[str, TextEncoderSpec] = {
@@ -369,7 +386,7 @@ TEXT_ENCODERS: dict[str, TextEncoderSpec] = {
         TextEncoderSpec("minilm", 384, 384, "sentence-transformers/all-MiniLM-L6-v2", _load_minilm),
         TextEncoderSpec("bert-base-uncased", 768, 768, "bert-base-uncased", _load_bert_base),
         TextEncoderSpec(
-            "clip-vit-b-32", 512, 512, "open_clip ViT-B-32 / openai", _load_clip_vit_b32
+            "clip-vit-b-32", 512, 512, "open_clip ViT-B-32 / openai", _load_clip_vit_b32, False
         ),
     )
 }
@@ -384,6 +401,11 @@ def _spec(name: str) -> TextEncoderSpec:
     if name not in TEXT_ENCODERS:
         raise ValueError(f"unknown text encoder {name!r}; choose one of {text_encoder_names()}")
     return TEXT_ENCODERS[name]
+
+
+def is_bert_style(name: str) -> bool:
+    """Whether encoder `name` is a BERT-style model (its input can be fed as the authors')."""
+    return _spec(name).bert_style
 
 
 def text_encoder_width(name: str) -> int:
