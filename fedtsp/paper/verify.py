@@ -27,7 +27,7 @@ from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.machine import cpu_class, same_class
 from fedtsp.core.results import RunStore, short_commit
 from fedtsp.engine.simulation import run_key
-from fedtsp.paper.experiments import DataSource, RunSpec, run_all
+from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
 from fedtsp.paper.plans import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
@@ -78,17 +78,19 @@ class Check:
     def identical(self) -> bool:
         return not self.error and not self.differences and self.new_key == self.key
 
+    def result(self) -> str:
+        """What the rerun showed, in words."""
+        if self.error:
+            return f"rerun failed: {self.error}"
+        text = "" if self.new_key == self.key else f"today's code gives it the key {self.new_key}; "
+        if not self.differences:
+            return text + f"identical history ({self.rounds} evaluations)"
+        worst = ", ".join(f"{m} {d:.4g}" for m, d in sorted(self.differences.items()))
+        return text + f"differs from round {self.first_round}; largest differences: {worst}"
+
     def line(self) -> str:
         cpu = {True: "same CPU class", False: "another CPU class", None: "CPU not recorded"}
-        head = f"{self.key} {self.label} (code {self.code}, {cpu[self.cpu]}): "
-        if self.error:
-            return head + f"rerun failed: {self.error}"
-        if self.new_key != self.key:
-            head += f"today's code gives this config the key {self.new_key}; "
-        if not self.differences:
-            return head + f"identical history ({self.rounds} evaluations)"
-        worst = ", ".join(f"{m} {d:.4g}" for m, d in sorted(self.differences.items()))
-        return head + f"differs from round {self.first_round}; largest differences: {worst}"
+        return f"{self.key} {self.label} (code {self.code}, {cpu[self.cpu]}): {self.result()}"
 
 
 def compare_histories(
@@ -195,23 +197,31 @@ def verify(
     """Rerun every chosen record's config from scratch and compare its history."""
     here = cpu_class()
     specs = [RunSpec(RunConfig.from_dict(record["config"])) for record, _ in chosen]
+    keys = [run_key(spec.config, source.datasets(spec.config)) for spec in specs]
+    failed = ""
     with tempfile.TemporaryDirectory(prefix="fedtsp-verify-") as tmp:
-        reruns = run_all(specs, source, tmp, workers=workers, progress=True)
+        try:
+            reruns = run_all(specs, source, tmp, workers=workers, progress=True)
+        except RunsFailed as exc:  # the others finished: report each run for itself
+            failed = str(exc).splitlines()[0]
+            reruns = [RunStore(tmp).load(key) for key in keys]
     checks = []
-    for (record, label), spec, new in zip(chosen, specs, reruns, strict=True):
-        differences, first = compare_histories(record["history"], new["history"])
-        checks.append(
-            Check(
-                key=record["key"],
-                label=label,
-                rounds=len(record["history"]),
-                code=short_commit(record),
-                cpu=same_class((record.get("environment") or {}).get("cpu"), here),
-                new_key=run_key(spec.config, source.datasets(spec.config)),
-                differences=differences,
-                first_round=first,
-            )
+    for (record, label), key, new in zip(chosen, keys, reruns, strict=True):
+        check = Check(
+            key=record["key"],
+            label=label,
+            rounds=len(record["history"]),
+            code=short_commit(record),
+            cpu=same_class((record.get("environment") or {}).get("cpu"), here),
+            new_key=key,
         )
+        if new is None:
+            check.error = failed
+        else:
+            check.differences, check.first_round = compare_histories(
+                record["history"], new["history"]
+            )
+        checks.append(check)
     return checks
 
 
@@ -287,16 +297,7 @@ def write_report(
     ]
     cpu = {True: "same", False: "other", None: "not recorded"}
     for c in checks:
-        if c.error:
-            result = f"rerun failed: {c.error}"
-        elif c.identical:
-            result = f"identical ({c.rounds} evaluations)"
-        else:
-            worst = ", ".join(f"{m} {d:.4g}" for m, d in sorted(c.differences.items()))
-            result = f"differs from round {c.first_round}: {worst}" if c.differences else ""
-            if c.new_key != c.key:
-                result = f"new key {c.new_key}; " + (result or "identical history")
-        lines.append(f"| {c.key} | {c.label} | {c.code} | {cpu[c.cpu]} | {result} |")
+        lines.append(f"| {c.key} | {c.label} | {c.code} | {cpu[c.cpu]} | {c.result()} |")
     same = sum(c.identical for c in checks)
     lines += ["", f"{same} of {len(checks)} reruns identical to their records.", ""]
     atomic_write_text(Path(path), "\n".join(lines))
