@@ -169,9 +169,11 @@ def main_table(
     return judge(out)
 
 
-def _plateau(frame: pd.DataFrame, methods: list[str]) -> dict[str, Any]:
+def _plateau(
+    frame: pd.DataFrame, methods: list[str], converged: str = "converged"
+) -> dict[str, Any]:
     """Only the plateau part of `context` (a balanced test set has no label prior)."""
-    found = context(frame, "", method=methods)
+    found = context(frame, "", converged=converged, method=methods)
     return {k: found[k] for k in ("converged", "rounds") if k in found}
 
 
@@ -358,9 +360,8 @@ def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding
         rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
         for ours in fedtsp_labels(part["method"]):
             if block == "GFL":  # the global model on the balanced test set: chance, plateau
-                floors = {"chance": chance[ds]}
-                found = context(part, "", converged="setting_converged", method=ours)
-                floors |= {k: found[k] for k in ("converged", "rounds") if k in found}
+                plateau = _plateau(part, [ours, *rivals], "setting_converged")
+                floors = {"chance": chance[ds], **plateau}
             else:  # personalised models on their clients' splits: the label prior
                 floors = context(part, "best_acc", method=ours)
             out.append(
