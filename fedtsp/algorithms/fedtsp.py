@@ -362,10 +362,12 @@ class FedTSP(Algorithm):
                 pending, self._pending_protos = self._pending_protos, None
                 protos = pending if epoch == 0 and pending is not None else self.learner()
                 text = F.normalize(protos[present], dim=1)
-                logits = text @ target.T  # rows: text prototypes; columns: image prototypes
+                # rows: text prototypes, columns: image prototypes (scaled before the product,
+                # as every record so far was computed)
+                logits = self.learner.logit_scale.exp() * text @ target.T
                 if opts.infonce_direction == "image_to_text":
                     logits = logits.T
-                loss = F.cross_entropy(self.learner.logit_scale.exp() * logits, labels)
+                loss = F.cross_entropy(logits, labels)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 self.optimizer.step()
