@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import pytest
@@ -102,10 +103,14 @@ def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
     options = {"dp_epsilon": 8.0}
     private = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
     learner, clean_learner = private.algorithm.learner, clean.learner
+    assert torch.equal(learner.attention_mask, clean_learner.attention_mask)
     keep = learner.attention_mask.bool().clone()
-    keep[:, learner.ctx_start : learner.ctx_start + learner.n_ctx] = False
+    slots = slice(learner.ctx_start, learner.ctx_start + learner.n_ctx)
+    keep[:, slots] = False
     diff = learner.token_embeddings - clean_learner.token_embeddings
-    assert torch.equal(diff[~keep], torch.zeros_like(diff[~keep]))  # prompt slots, padding
+    padding = ~learner.attention_mask.bool()
+    assert torch.equal(diff[padding], torch.zeros_like(diff[padding]))  # the public pad token
+    assert learner.n_ctx == 1 and not learner.token_embeddings[:, slots].any()  # sent as zeros
     noise = diff[keep]  # the clipped signal is tiny next to sigma = 3.03
     assert float(noise.std()) == pytest.approx(dp_sigma(8.0, 1e-5, 2.5), rel=0.05)
     assert not torch.allclose(private.algorithm.text_protos, clean.text_protos)
@@ -126,6 +131,48 @@ def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
         check_run(
             tiny_config(algorithm="fedtsp", algo_options={"dp_epsilon": 8.0, "dp_noise_std": 0.1})
         )
+
+
+def test_the_private_descriptions_are_a_client_message_and_the_server_never_reads_them(
+    tiny_data, monkeypatch
+):
+    from fedtsp.algorithms.fedtsp import FedTSP
+    from fedtsp.models.text import TextEncoder
+
+    readers: list[object] = []  # the method objects in whose hooks text was read or embedded
+
+    def spy(original):
+        def wrapped(*args, **kwargs):
+            frame = inspect.currentframe()
+            while frame is not None:
+                owner = frame.f_locals.get("self")
+                if isinstance(owner, FedTSP):
+                    readers.append(owner)
+                    break
+                frame = frame.f_back
+            return original(*args, **kwargs)
+
+        return wrapped
+
+    for cls, name in [(FedTSP, "_class_prompts"), (TextEncoder, "tokenize")]:
+        monkeypatch.setattr(cls, name, spy(getattr(cls, name)))
+    for encoder in ("BertTextEncoder", "ClipTextEncoder"):
+        cls = getattr(__import__("fedtsp.models.text", fromlist=[encoder]), encoder)
+        monkeypatch.setattr(cls, "embed_tokens", spy(cls.embed_tokens))
+    options = {"dp_epsilon": 8.0, "dp_client": 1}
+    run = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
+    assert readers and all(r is run.client_algorithm for r in readers)  # the client half only
+    assert run.algorithm.learner.prompts is None  # the server holds no description text
+    # The upload is a set-up message of client 1 alone, counted in the record's bytes.
+    embeds = run.algorithm.learner.token_embeddings
+    upload = run.client_algorithm.setup_upload(run.clients[1])
+    assert set(upload) == {"dp_embeddings", "dp_lengths", "dp_counts"}
+    assert run.client_algorithm.setup_upload(run.clients[0]) == {}
+    assert torch.equal(upload["dp_embeddings"], embeds)
+    nbytes = embeds.numel() * 4 + upload["dp_lengths"].numel() * 8 + 10 * 8
+    plain = prepare(tiny_config(algorithm="fedtsp"), dataset=tiny_data)
+    assert plain.setup["bytes_up_per_client"] == 0
+    assert run.setup["bytes_up_per_client"] * len(run.clients) == nbytes
 
 
 def test_class_names_are_recovered_without_noise_and_lost_as_epsilon_falls():

@@ -39,10 +39,12 @@ own) or ``"simplex"`` (AlignFed's anchors spread uniformly on the sphere). They 
 testing whether the text's meaning, or only fixed well-spread targets, carries the gain.
 
 Private description upload (Sec. 3.5, Table 4; ``fedtsp.algorithms.privacy``): with ``dp_epsilon`` set,
-client ``dp_client`` uploads its prompts' token embeddings once, each sequence clipped to
-``dp_clip`` and noised for (dp_epsilon, dp_delta)-DP, and the server's prompt learner encodes
-those noisy embeddings instead of the clean ones. ``dp_noise_std`` is the authors' code
-instead: the server adds one fixed Gaussian tensor of that std, no clipping, no guarantee.
+client ``dp_client`` embeds its class prompts with the encoder's g0 in its set-up, clips each
+sequence to ``dp_clip``, noises it for (dp_epsilon, dp_delta)-DP and uploads the noisy
+sequences with their lengths, once (a set-up message, counted in the record's set-up bytes);
+the server builds its prompt learner from that upload alone and never reads the description
+text. ``dp_noise_std`` is the authors' code instead: the server embeds the clean prompts and
+adds one fixed Gaussian tensor of that std, no clipping, no guarantee.
 """
 
 from __future__ import annotations
@@ -67,10 +69,17 @@ from fedtsp.algorithms.model_messages import (
 )
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
-from fedtsp.models.prompts import PROMPT_POSITIONS, PromptLearner
+from fedtsp.models.prompts import (
+    PROMPT_POSITIONS,
+    PromptLearner,
+    PromptSequences,
+    embed_prompts,
+    prompt_layout,
+)
 from fedtsp.models.text import (
     BERT_INPUTS,
     BertTextEncoder,
+    TextEncoder,
     build_text_encoder,
     is_bert_style,
     text_encoder_names,
@@ -180,6 +189,20 @@ class FedTSPOptions:
             )
 
 
+def _text_encoder(opts: FedTSPOptions, device: torch.device) -> TextEncoder:
+    encoder = build_text_encoder(opts.text_encoder, device=device)
+    if isinstance(encoder, BertTextEncoder):
+        encoder.input_mode = opts.bert_input
+    return encoder
+
+
+def _noise_generator(seed: int, client: int) -> torch.Generator:
+    """The description noise's generator, fixed by (run seed, uploading client): a resumed
+    run re-creates the very same upload."""
+    entropy = [seed, client, 0xD9]
+    return torch.Generator().manual_seed(int(np.random.SeedSequence(entropy).generate_state(1)[0]))
+
+
 @dataclass
 class FedTSPState(ClassTargets):
     """``targets``: the unit-norm text prototypes last received."""
@@ -210,8 +233,46 @@ class FedTSP(Algorithm):
             return value
         return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
 
+    def _context_tokens(self) -> int:
+        """m, the context vectors per class (0 without trainable prompts)."""
+        if not self.opts.trainable_prompts:
+            return 0
+        return self._dataset_default(self.opts.prompt_tokens, 1, 10)
+
     def setup_upload(self, client: Client) -> Message:
-        return super().setup_upload(client) if self.ctx.homogeneous else {}
+        upload = super().setup_upload(client) if self.ctx.homogeneous else {}
+        if self.opts.dp_epsilon is not None and client.index == self.opts.dp_client:
+            upload |= self._private_descriptions(client)
+        return upload
+
+    def _private_descriptions(self, client: Client) -> Message:
+        """The selected client's one-time private upload (client half, Sec. 3.5): its class
+        prompts as token embeddings, each sequence clipped and noised, with the lengths the
+        server needs to run the encoder. The slots the server's context vectors overwrite
+        are sent as zeros (with ``overwrite_first`` they hold real words); padding holds
+        the public pad token."""
+        opts, n_ctx = self.opts, self._context_tokens()
+        encoder = _text_encoder(opts, client.device)
+        sequences = embed_prompts(
+            encoder, self._class_prompts(encoder, n_ctx), n_ctx, opts.prompt_position
+        )
+        start, _ = prompt_layout(opts.prompt_position, n_ctx)
+        keep = sequences.mask().bool()
+        keep[:, start : start + n_ctx] = False
+        noisy = privatize_sequences(
+            sequences.embeddings,
+            keep,
+            opts.dp_epsilon,
+            opts.dp_delta,
+            opts.dp_clip,
+            _noise_generator(self.ctx.seed, opts.dp_client),
+        )
+        noisy[:, start : start + n_ctx] = 0.0
+        return {
+            "dp_embeddings": noisy,
+            "dp_lengths": sequences.lengths,
+            "dp_counts": torch.tensor(sequences.counts),
+        }
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
@@ -220,55 +281,36 @@ class FedTSP(Algorithm):
                 f"dp_client={opts.dp_client} is invalid; the run has clients "
                 f"0..{self.ctx.num_clients - 1}"
             )
-        encoder = build_text_encoder(opts.text_encoder, device=self.ctx.device)
-        if isinstance(encoder, BertTextEncoder):
-            encoder.input_mode = opts.bert_input
-        n_ctx = self._dataset_default(opts.prompt_tokens, 1, 10) if opts.trainable_prompts else 0
-        prompts = self._class_prompts(encoder, n_ctx)
+        encoder = _text_encoder(opts, self.ctx.device)
+        n_ctx = self._context_tokens()
+        if opts.dp_epsilon is not None:  # the server never sees the descriptions' text
+            upload = uploads[opts.dp_client]
+            prompts: list[list[str]] | PromptSequences = PromptSequences(
+                upload["dp_embeddings"].to(self.ctx.device),
+                upload["dp_lengths"].to(self.ctx.device),
+                upload["dp_counts"].tolist(),
+            )
+        else:
+            prompts = self._class_prompts(encoder, n_ctx)
         self.server_epochs = (
             self._dataset_default(opts.server_epochs, 1, 20) if opts.trainable_prompts else 0
         )
         self.learner = PromptLearner(
             encoder, prompts, n_ctx=n_ctx, position=opts.prompt_position
         ).to(self.ctx.device)
-        self._privatize_descriptions()
+        if opts.dp_noise_std is not None:
+            # The authors' code: the server itself noises the clean embeddings it computed.
+            generator = _noise_generator(self.ctx.seed, opts.dp_client)
+            noisy = add_fixed_noise(self.learner.token_embeddings, opts.dp_noise_std, generator)
+            self.learner.set_token_embeddings(noisy)
         self.control = None if opts.targets == "text" else self._control_targets()
         trainable = [p for p in self.learner.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
         if self.ctx.homogeneous:  # one common starting model: client 0's initial weights
-            return self._broadcast() | uploads[0]
+            start = {k: v for k, v in uploads[0].items() if not k.startswith("dp_")}
+            return self._broadcast() | start
         return self._broadcast()
-
-    def _privatize_descriptions(self) -> None:
-        """Swap the learner's clean token embeddings for the (one-time) private upload.
-
-        The learner tokenised the prompts only to lay out the sequences (the upload carries
-        the same lengths); from here on the server encodes nothing but the noisy embeddings.
-        """
-
-        opts, learner = self.opts, self.learner
-        if opts.dp_epsilon is None and opts.dp_noise_std is None:
-            return
-        # Fixed by (seed, client): a resumed run re-creates the very same upload.
-        generator = torch.Generator().manual_seed(
-            int(np.random.SeedSequence([self.ctx.seed, opts.dp_client, 0xD9]).generate_state(1)[0])
-        )
-        if opts.dp_noise_std is not None:
-            noisy = add_fixed_noise(learner.token_embeddings, opts.dp_noise_std, generator)
-        else:
-            # Positions the context vectors overwrite carry no description: not uploaded.
-            keep = learner.attention_mask.bool().clone()
-            keep[:, learner.ctx_start : learner.ctx_start + learner.n_ctx] = False
-            noisy = privatize_sequences(
-                learner.token_embeddings,
-                keep,
-                opts.dp_epsilon,
-                opts.dp_delta,
-                opts.dp_clip,
-                generator,
-            )
-        learner.set_token_embeddings(noisy)
 
     def _control_targets(self) -> Tensor:
         """The fixed targets of a semantic control, drawn from the run's seed."""

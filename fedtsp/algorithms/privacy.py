@@ -11,9 +11,10 @@ with the Gaussian-mechanism scale
 (sensitivity 2C: any two clipped vectors are at most 2C apart), and uploads the noisy
 sequences once. The server builds the text prototypes (with its trainable prompts) from them.
 Which positions are privatised: the real tokens of each prompt, except the slots that the
-server's context vectors overwrite anyway (they carry no description and are public
-placeholders); padding is not uploaded. The sequence lengths (the attention masks) travel in
-clear, as they must for the server to run the encoder; the paper does not discuss this.
+server's context vectors overwrite anyway (sent as zeros: they reach no feature); padding
+holds the public pad token. The sequence lengths travel in clear, as they must for the
+server to run the encoder; the paper does not discuss this. In a run the upload is FedTSP's
+set-up message from client ``dp_client`` (``fedtsp.algorithms.fedtsp``).
 
 The authors' code differs (an option, ``add_fixed_noise``): there the *server* adds one
 Gaussian tensor of a set standard deviation, drawn once, to the frozen token embeddings of

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import copy
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,9 +38,57 @@ from torch import Tensor, nn
 
 from fedtsp.models.text import TextEncoder
 
-__all__ = ["PROMPT_POSITIONS", "PromptLearner"]
+__all__ = [
+    "PROMPT_POSITIONS",
+    "PromptLearner",
+    "PromptSequences",
+    "embed_prompts",
+    "prompt_layout",
+]
 
 PROMPT_POSITIONS = ("replace_first", "overwrite_first", "after_start")
+
+
+def prompt_layout(position: str, n_ctx: int) -> tuple[int, int]:
+    """Where the m context vectors start in a token sequence, and how many placeholder
+    tokens the prompts are tokenised with (see the module docstring)."""
+    if position not in PROMPT_POSITIONS:
+        raise ValueError(f"position must be one of {PROMPT_POSITIONS}, got {position!r}")
+    if position == "after_start":
+        return 1, n_ctx
+    if position == "replace_first":  # overwrites the start token too: one placeholder fewer
+        return 0, max(n_ctx - 1, 0)
+    return 0, 0
+
+
+@dataclass
+class PromptSequences:
+    """Every class's prompts as frozen token embeddings (g0), padded to one length: what the
+    learner encodes. Built from prompt text (``embed_prompts``) or received as a client's
+    private upload, which carries no token ids."""
+
+    embeddings: Tensor  # (P, L, d'), the prompts of class 0 first, then class 1, ...
+    lengths: Tensor  # (P,) tokens of each prompt, special tokens and placeholders included
+    counts: list[int]  # prompts per class
+    ids: Tensor | None = None  # (P, L) token ids, when built from text
+
+    def mask(self) -> Tensor:
+        positions = torch.arange(self.embeddings.shape[1], device=self.lengths.device)
+        return (positions < self.lengths[:, None]).long()
+
+
+@torch.no_grad()
+def embed_prompts(
+    encoder: TextEncoder, class_prompts: list[list[str]], n_ctx: int, position: str
+) -> PromptSequences:
+    """The prompts tokenised with the placeholders ``position`` needs and embedded by g0."""
+    _check_prompts(class_prompts)
+    _, n_reserved = prompt_layout(position, n_ctx)
+    flat = [t for p in class_prompts for t in p]
+    ids, mask = encoder.tokenize(flat, extra_tokens=n_reserved)
+    return PromptSequences(
+        encoder.embed_tokens(ids), mask.sum(1), [len(p) for p in class_prompts], ids
+    )
 
 
 class PromptLearner(nn.Module):
@@ -52,7 +101,7 @@ class PromptLearner(nn.Module):
     def __init__(
         self,
         encoder: TextEncoder,
-        class_prompts: list[list[str]],
+        class_prompts: list[list[str]] | PromptSequences,
         n_ctx: int = 1,
         position: str = "replace_first",
         init_std: float = 0.02,
@@ -60,60 +109,52 @@ class PromptLearner(nn.Module):
         chunk_size: int | None = 128,
     ) -> None:
         super().__init__()
-        _check_prompts(class_prompts)
-        if position not in PROMPT_POSITIONS:
-            raise ValueError(f"position must be one of {PROMPT_POSITIONS}, got {position!r}")
         if not isinstance(n_ctx, int) or n_ctx < 0:
             raise ValueError(f"n_ctx must be an integer >= 0, got {n_ctx!r}")
+        if isinstance(class_prompts, PromptSequences):
+            sequences, self.prompts = class_prompts, None
+        else:
+            sequences = embed_prompts(encoder, class_prompts, n_ctx, position)
+            self.prompts = [list(p) for p in class_prompts]
         # Plain attribute, not a submodule: keeps the PLM out of state_dict / parameters().
         object.__setattr__(self, "encoder", encoder)
-        self.n_classes = len(class_prompts)
+        counts = sequences.counts
+        self.n_classes = len(counts)
         self.n_ctx = n_ctx
         self.position = position
-        self.prompts = [list(p) for p in class_prompts]
-        flat = [t for p in class_prompts for t in p]
-        counts = [len(p) for p in class_prompts]
-
-        # replace_first overwrites the start token too, so it needs one placeholder fewer.
-        if position == "after_start":
-            self.ctx_start, n_reserved = 1, n_ctx
-        elif position == "replace_first":
-            self.ctx_start, n_reserved = 0, max(n_ctx - 1, 0)
-        else:
-            self.ctx_start, n_reserved = 0, 0
-        ids, mask = encoder.tokenize(flat, extra_tokens=n_reserved)
-        with torch.no_grad():
-            embeds = encoder.embed_tokens(ids)
+        self.ctx_start, _ = prompt_layout(position, n_ctx)
+        embeds, mask = sequences.embeddings, sequences.mask()
         # Non-persistent: they are recomputed from the prompts, never sent or checkpointed.
-        self.register_buffer("token_ids", ids, persistent=False)
         self.register_buffer("attention_mask", mask, persistent=False)
         self.register_buffer("token_embeddings", embeds.detach().clone(), persistent=False)
         self.register_buffer(
             "class_index",
             torch.repeat_interleave(torch.arange(self.n_classes), torch.tensor(counts)).to(
-                ids.device
+                embeds.device
             ),
             persistent=False,
         )
         self.register_buffer(
-            "class_counts", torch.tensor(counts, dtype=embeds.dtype, device=ids.device), False
+            "class_counts", torch.tensor(counts, dtype=embeds.dtype, device=embeds.device), False
         )
+        self.register_buffer("token_ids", sequences.ids, persistent=False)  # None: uploaded
+        count = len(mask)
 
         # Length buckets: prompts sorted by length and run in chunks, each padded only to its
         # own longest prompt. Padding never changes a feature, so this only saves compute.
         lengths = mask.sum(1)
         order = torch.argsort(lengths, stable=True)
-        step = chunk_size or len(flat)
+        step = chunk_size or count
         self._chunks = [
-            (a, min(a + step, len(flat)), int(lengths[order[a : a + step]].max()))
-            for a in range(0, len(flat), step)
+            (a, min(a + step, count), int(lengths[order[a : a + step]].max()))
+            for a in range(0, count, step)
         ]
         self.register_buffer("_order", order, persistent=False)
         self.register_buffer("_inverse", torch.argsort(order), persistent=False)
 
-        ctx = torch.randn(self.n_classes, n_ctx, encoder.token_width, device=ids.device)
+        ctx = torch.randn(self.n_classes, n_ctx, encoder.token_width, device=embeds.device)
         self.ctx = nn.Parameter(ctx * init_std, requires_grad=n_ctx > 0)
-        self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale_init), device=ids.device))
+        self.logit_scale = nn.Parameter(torch.tensor(float(logit_scale_init), device=embeds.device))
         self._fixed_cache: Tensor | None = None
         self._frozen_cache: Tensor | None = None
 
@@ -151,6 +192,8 @@ class PromptLearner(nn.Module):
     @torch.no_grad()
     def frozen_prototypes(self) -> Tensor:
         """Prototypes of the plain prompts (no context vectors, no placeholders), no grad."""
+        if self.prompts is None:
+            raise ValueError("a learner built from uploaded embeddings has no prompt text")
         if self._frozen_cache is None:
             flat = [t for p in self.prompts for t in p]
             self._frozen_cache = self._class_mean(self.encoder.encode_text(flat))
