@@ -191,24 +191,26 @@ def bench_server(algorithms: list[str], clients: int, steps: int) -> tuple[dict[
         opts = resolve_options(name, options)
         dim = cls.required_feature_dim(opts) or 512  # 512: the image models' default width
         ctx = RunContext("cifar100", classes, dim, clients, steps, torch.device("cpu"), 0)
-        algo = cls(opts, ctx)
-        algo.setup([], {})
+        server = cls.Server(opts, ctx)
+        server.setup([], {})
         gen = torch.Generator().manual_seed(0)
-        uploads = []
+        uploads: dict[int, dict[str, torch.Tensor]] = {}
         for _ in range(clients):  # ~20 held classes per client, as under Dir(0.1)
             counts = torch.zeros(len(classes), dtype=torch.long)
             held = torch.randperm(len(classes), generator=gen)[:20]
             counts[held] = torch.randint(1, 60, (20,), generator=gen)
             means = torch.randn(len(classes), dim, generator=gen) * (counts > 0).unsqueeze(1)
-            uploads.append(
+            uploads[len(uploads)] = (
                 {"protos": means[counts > 0], "present": counts > 0}
                 if name == "fedtgp"
                 else {"protos": means, "counts": counts}
             )
-        algo.server_step(uploads, 1)  # warm-up
+        server.aggregate(1, uploads)  # warm-up
+        server.configure(2, list(uploads))
         start = time.perf_counter()
         for r in range(steps):
-            algo.server_step(uploads, r + 2)
+            server.aggregate(r + 2, uploads)
+            server.configure(r + 3, list(uploads))
         rows[name] = {"options": options, "seconds": (time.perf_counter() - start) / steps}
         print(f"{name}: {rows[name]['seconds']:.2f} s / step", flush=True)
     lines = [
@@ -228,7 +230,7 @@ def _torch_only_worker() -> None:
 
 
 def _anchor_seconds(iters: int) -> float:
-    from fedtsp.algorithms.alignfed import uniform_anchors
+    from fedtsp.algorithms.prototypes import uniform_anchors
 
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -237,10 +239,10 @@ def _anchor_seconds(iters: int) -> float:
 
 
 def bench_workers(workers: int, iters: int) -> tuple[dict[str, Any], str]:
-    from fedtsp.algorithms.alignfed import AlignFedOptions
+    from fedtsp.algorithms.prototypes import ANCHOR_ITERS
     from fedtsp.core.threads import single_thread_worker
 
-    run_iters = AlignFedOptions().anchor_iters  # what one AlignFed run does in its set-up
+    run_iters = ANCHOR_ITERS  # what one AlignFed run does in its set-up
     cases = {"torch only (before)": _torch_only_worker, "every pool (now)": single_thread_worker}
     ctx = multiprocessing.get_context("spawn")
     rows = {}

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny learnable synthetic dataset and paths to the offline data."""
+"""Shared fixtures: a tiny learnable synthetic dataset, paths to the offline data, and helpers
+that drive a method's two halves through the engine and record what crossed it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import hashlib
 import io
 import json
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -15,6 +18,10 @@ from PIL import Image
 
 from fedtsp.core.config import RunConfig
 from fedtsp.data import ImageDataset, dataset_info, synthetic_dataset
+
+if TYPE_CHECKING:  # the engine imports every method: only the tests that use it load it
+    from fedtsp.engine.client_round import ClientReply, RoundWork
+    from fedtsp.engine.simulation import PreparedRun
 
 # One intra-op thread: the tests' models are tiny, and with two threads a second busy
 # process on a 2-core machine makes every op wait on spinning OpenMP workers (10x slower).
@@ -66,26 +73,72 @@ def key_before_fields(config: RunConfig, extra: dict | None = None) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def assert_uploads_training_means(algo, client, module, key: str) -> torch.Tensor:
-    """Train `client` two epochs, recording `module`'s outputs and the labels of every batch,
-    then check that `algo.upload(client)[key]` holds their per-class means (the authors' code
-    collects class means on the training forward passes). Returns the recorded labels."""
+def assert_uploads_training_means(client_half, client, module, key: str) -> torch.Tensor:
+    """Train `client` two epochs with `client_half` (a run's client half), recording
+    `module`'s outputs and the labels of every batch, then check that
+    `client_half.upload(client)[key]` holds their per-class means (the authors' code collects
+    class means on the training forward passes). Returns the recorded labels."""
     seen, labels = [], []
 
     def spy(c, x, y):
         labels.append(y)
-        return algo.train_loss(c, x, y)
+        return client_half.train_loss(c, x, y)
 
     hook = module.register_forward_hook(lambda m, i, out: seen.append(out.detach().float()))
     client.train(spy, 2, 20, torch.Generator().manual_seed(0))
     hook.remove()
     values, ys = torch.cat(seen), torch.cat(labels)
-    upload = algo.upload(client)
+    upload = client_half.upload(client)
     for c in ys.unique().tolist():
         torch.testing.assert_close(upload[key][c], values[ys == c].mean(0), rtol=1e-4, atol=1e-5)
     # The counts are the features each mean holds (here: two epochs of every batch).
     assert torch.equal(upload["counts"], torch.bincount(ys, minlength=client.num_classes))
     return ys
+
+
+class RecordingTransport:
+    """The simulator's in-process transport, keeping what crossed it in its last round:
+    every client's upload and the message the server sent each client. `before_deliver(run)`,
+    if given, runs after the server's step and before the clients receive its messages (to
+    look at the clients as their training left them)."""
+
+    def __init__(self, run: PreparedRun, before_deliver: Callable | None = None) -> None:
+        from fedtsp.engine.simulation import InProcess
+
+        self.run, self.inner, self.before_deliver = run, InProcess(run), before_deliver
+        self.uploads: dict[int, dict] = {}
+        self.messages: dict[int, dict] = {}
+
+    def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
+        replies = self.inner.client_round(work)
+        self.uploads = {i: r.upload for i, r in replies.items() if r.upload is not None}
+        return replies
+
+    def deliver(self, messages: dict[int, dict]) -> float:
+        self.messages = messages
+        if self.before_deliver is not None:
+            self.before_deliver(self.run)
+        return self.inner.deliver(messages)
+
+
+def start_run(config: RunConfig, dataset: ImageDataset) -> PreparedRun:
+    """A prepared run whose clients have received the set-up message (round 0 next)."""
+    from fedtsp.engine.simulation import prepare
+
+    run = prepare(config, dataset=dataset)
+    run.loop().start(run.first_broadcast)
+    return run
+
+
+def record_round(
+    run: PreparedRun, t: int, before_deliver: Callable | None = None
+) -> tuple[dict, dict[int, dict], dict[int, dict]]:
+    """Round `t` of a started run through the engine (evaluate, train and upload on every
+    client, server aggregate + configure, deliver): its history row, the clients' uploads and
+    the server's messages (each by client id). `before_deliver`: see RecordingTransport."""
+    transport = RecordingTransport(run, before_deliver)
+    row = run.loop(transport).round(t)
+    return row, transport.uploads, transport.messages
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from conftest import REPO
 
 from fedtsp.algorithms import get_algorithm, resolve_options
-from fedtsp.algorithms.base import RunContext
+from fedtsp.algorithms.base import RunContext, ServerHalf
 from fedtsp.cli import _config_from_args, build_parser, main
 from fedtsp.data import dataset_info
 from fedtsp.models.prompts import PromptLearner
@@ -66,11 +66,12 @@ def test_the_authors_bert_input_applies_the_embedding_block_twice_without_a_mask
     assert (authors - standard).norm(dim=1).min() > 0.1  # another feature, not rounding
 
 
-def _server(options: dict) -> object:
+def _server(options: dict) -> ServerHalf:
+    """A CIFAR-10 FedTSP server half after its set-up (no client needed: no DP upload)."""
     opts = resolve_options("fedtsp", {"server_epochs": 1, **options})
     classes = list(dataset_info("cifar10").classes)
     ctx = RunContext("cifar10", classes, 384, 2, 2, torch.device("cpu"), 0)
-    server = get_algorithm("fedtsp")(opts, ctx)
+    server = get_algorithm("fedtsp").Server(opts, ctx)
     server.setup([], {})
     return server
 
@@ -78,13 +79,13 @@ def _server(options: dict) -> object:
 def test_the_authors_infonce_is_the_softmax_over_text_prototypes_per_image_prototype():
     torch.manual_seed(0)
     image = F.normalize(torch.randn(10, 384), dim=1)
-    uploads = [{"protos": image, "counts": torch.full((10,), 5)}]
+    uploads = {0: {"protos": image, "counts": torch.full((10,), 5)}}
     losses = {}
     for direction in ("text_to_image", "image_to_text"):
         server = _server({"infonce_direction": direction})
         text = F.normalize(server.text_protos, dim=1)
         scale = server.learner.logit_scale.detach().exp()
-        server.server_step(uploads, 0)
+        server.aggregate(0, uploads)
         losses[direction] = server.last_server_loss
         logits = scale * text @ image.T  # rows: text; a softmax over images per text prototype
         labels = torch.arange(10)
@@ -115,7 +116,7 @@ def test_fedtgp_before_training_uploads_the_prototypes_of_the_model_as_the_round
     for client in run.clients:
         means, counts = client.class_prototypes()
         uploads.append({"protos": means[counts > 0], "present": counts > 0})
-    _, _, means, held = unweighted_class_means(uploads, run.algorithm.ctx.num_classes, "cpu")
+    _, _, means, held = unweighted_class_means(uploads, run.server.ctx.num_classes, "cpu")
     untrained = adaptive_margin(means, held > 0, 100.0)
     import tempfile
 

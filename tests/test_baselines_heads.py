@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_uploads_training_means, tiny_config
+from conftest import assert_uploads_training_means, record_round, start_run, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
-from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions, class_mean_logits
+from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions
 from fedtsp.algorithms.model_messages import HEAD_KEYS, message_head
 from fedtsp.core.config import ConfigError
 from fedtsp.core.results import RunStore
@@ -18,72 +19,62 @@ from fedtsp.engine.simulation import prepare, run_experiment
 C, D = 10, 512  # tiny_data's classes; the default feature width
 
 
-def _local_round(run, epochs: int = 1) -> list[dict]:
-    """Train every client as the simulator does and return the uploads."""
-    algo = run.algorithm
-    for client in run.clients:
-        client.train(algo.train_loss, epochs, 20, torch.Generator().manual_seed(client.index))
-    return [algo.upload(c) for c in run.clients]
-
-
 # ---- mechanisms ----------------------------------------------------------------------------
 TRAINED = {"frozen_generator": False}  # FedGen's own method; the default is the authors' runs
 
 
 def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data):
     torch.manual_seed(0)
-    run = prepare(tiny_config(algorithm="fedgen", algo_options=TRAINED), dataset=tiny_data)
-    algo = run.algorithm
-    for client in run.clients:
-        algo.receive(client, run.first_broadcast)
+    config = tiny_config(algorithm="fedgen", algo_options=TRAINED, local_epochs=2)
+    run = start_run(config, tiny_data)
+    server = run.server
     assert run.clients[0].state.label_counts is None  # no untrained generator is used
-    uploads = _local_round(run, epochs=2)
-    weight = torch.stack([message_head(u)[0] for u in uploads])
-    bias = torch.stack([message_head(u)[1] for u in uploads])
-    counts = torch.stack([u["counts"] for u in uploads]).float()
+    untrained = copy.deepcopy(server.generator)  # as the set-up left it
+    row, uploads, messages = record_round(run, 0)
+    rows = list(uploads.values())
+    weight = torch.stack([message_head(u)[0] for u in rows])
+    bias = torch.stack([message_head(u)[1] for u in rows])
+    counts = torch.stack([u["counts"] for u in rows]).float()
     share = counts / counts.sum(0)  # each head's share of each class (ensemble weights)
     labels = torch.arange(C).repeat(30)
 
-    def head_accuracy() -> tuple[float, list[float]]:
+    def head_accuracy(generator, norm) -> tuple[float, list[float]]:
         with torch.no_grad():
-            feats, _ = algo.generator(labels, algo.feature_norm)
+            feats, _ = generator(labels, norm)
             per_head = torch.einsum("nd,kcd->knc", feats, weight) + bias[:, None, :]
             ensemble = (share[:, labels].unsqueeze(-1) * per_head).sum(0)
             own = [float((p.argmax(1) == labels).float().mean()) for p in per_head]
             return float((ensemble.argmax(1) == labels).float().mean()), own
 
-    before, _ = head_accuracy()
-    broadcast = algo.server_step(uploads, 0)
-    after, per_head = head_accuracy()
+    before, _ = head_accuracy(untrained, None)  # no feature norm before the first round
+    after, per_head = head_accuracy(server.generator, server.feature_norm)
     # Untrained: about chance (0.1); trained: the ensemble reads the conditioning label.
     assert before < 0.3 and after > 0.95, (before, after)
     assert min(per_head) > 0.5, per_head  # even each single uploaded head mostly agrees
-    assert algo.round_metrics()["generator_acc"] > 0.9
-    # The broadcast carries the trained generator; clients then regularise their heads with it.
+    assert row["generator_acc"] > 0.9
+    # The message carries the trained generator; clients then regularise their heads with it.
     client = run.clients[1]
-    algo.receive(client, broadcast)
-    for key, value in algo.generator.state_dict().items():
+    assert "label_counts" in messages[1]
+    for key, value in server.generator.state_dict().items():
         assert torch.equal(client.state.generator.state_dict()[key], value)
     assert torch.equal(client.state.label_counts, counts.sum(0).long())
     x, y = client.train_x[:20], client.train_y[:20]
     feats = client.model.features(x)
-    extra = algo.local_loss(client, x, y, feats, client.model.head(feats))
+    extra = run.client_half.local_loss(client, x, y, feats, client.model.head(feats))
     assert extra is not None and extra.requires_grad
-    protos = algo.artifacts()["global_prototypes"]
+    protos = server.artifacts()["global_prototypes"]
     assert protos.shape == (C, D) and bool((protos.norm(dim=1) > 0).all())
 
 
 def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
-    run = prepare(tiny_config(algorithm="fedgen"), dataset=tiny_data)  # the default
-    algo = run.algorithm
-    assert algo.opts.frozen_generator and algo.opts.noise == "uniform"
-    initial = {k: v.clone() for k, v in algo.generator.state_dict().items()}
-    for client in run.clients:
-        algo.receive(client, run.first_broadcast)
+    run = start_run(tiny_config(algorithm="fedgen"), tiny_data)  # the default
+    server = run.server
+    assert server.opts.frozen_generator and server.opts.noise == "uniform"
+    initial = {k: v.clone() for k, v in server.generator.state_dict().items()}
     assert run.clients[0].state.label_counts is not None  # random generator used from round 0
-    broadcast = algo.server_step(_local_round(run), 0)
-    assert set(broadcast) == set(HEAD_KEYS)  # nothing about the generator
-    for key, value in algo.generator.state_dict().items():
+    _, _, messages = record_round(run, 0)
+    assert all(set(m) == set(HEAD_KEYS) for m in messages.values())  # nothing about the generator
+    for key, value in server.generator.state_dict().items():
         assert torch.equal(value, initial[key])
 
 
@@ -92,15 +83,12 @@ def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data
     # The unbounded trained generator grew its features to 45-260 in norm against 7-15 for
     # real ones (cpu records) and the clients' heads diverged; both forms must stay in range.
     torch.manual_seed(0)
-    run = prepare(tiny_config(algorithm="fedgen", algo_options=options), dataset=tiny_data)
-    algo, clients = run.algorithm, run.clients
-    for client in clients:
-        algo.receive(client, run.first_broadcast)
+    config = tiny_config(algorithm="fedgen", algo_options=options, rounds=4, local_epochs=2)
+    run = start_run(config, tiny_data)
+    clients = run.clients
     labels = torch.arange(C).repeat(20)
     for round_index in range(4):
-        broadcast = algo.server_step(_local_round(run, epochs=2), round_index)
-        for client in clients:
-            algo.receive(client, broadcast)
+        record_round(run, round_index)
         with torch.no_grad():
             real = torch.cat([c.model.features(c.train_x).norm(dim=1) for c in clients])
             state = clients[0].state
@@ -108,30 +96,29 @@ def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data
         lo, hi = float(real.min()), float(real.max())
         assert lo <= float(fake.min()) and float(fake.max()) <= hi, (round_index, lo, hi, fake)
     if options:  # trained: exactly the clients' sample-weighted mean real-feature norm
-        assert torch.allclose(fake, algo.feature_norm.expand_as(fake), rtol=1e-4)
+        assert torch.allclose(fake, run.server.feature_norm.expand_as(fake), rtol=1e-4)
 
 
 def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
-    run = prepare(tiny_config(algorithm="lg-fedavg"), dataset=tiny_data)
-    algo, clients = run.algorithm, run.clients
-    for client in clients:
-        algo.receive(client, run.first_broadcast)
+    run = start_run(tiny_config(algorithm="lg-fedavg"), tiny_data)
+    clients = run.clients
     start = clients[0].model.head.weight.detach().clone()
     assert all(torch.equal(c.model.head.weight, start) for c in clients)  # common start
-    uploads = _local_round(run)
+    trained = []  # each client's head and body as its training left them
+
+    def snapshot(run) -> None:
+        for c in run.clients:
+            head = (c.model.head.weight.detach().clone(), c.model.head.bias.detach().clone())
+            body = {k: v.clone() for k, v in c.model.features.state_dict().items()}
+            trained.append((head, body))
+
+    _, _, messages = record_round(run, 0, before_deliver=snapshot)
     sizes = [c.num_train for c in clients]
     assert len(set(sizes)) > 1  # unequal clients, so weighting matters
-    expected_w = sum(
-        n * c.model.head.weight.detach() for n, c in zip(sizes, clients, strict=True)
-    ) / sum(sizes)
-    expected_b = sum(
-        n * c.model.head.bias.detach() for n, c in zip(sizes, clients, strict=True)
-    ) / sum(sizes)
-    uniform_w = sum(c.model.head.weight.detach() for c in clients) / len(clients)
-    bodies = [{k: v.clone() for k, v in c.model.features.state_dict().items()} for c in clients]
-    broadcast = algo.server_step(uploads, 0)
-    for client, body in zip(clients, bodies, strict=True):
-        algo.receive(client, broadcast)
+    expected_w = sum(n * h[0] for n, (h, _) in zip(sizes, trained, strict=True)) / sum(sizes)
+    expected_b = sum(n * h[1] for n, (h, _) in zip(sizes, trained, strict=True)) / sum(sizes)
+    uniform_w = sum(h[0] for h, _ in trained) / len(clients)
+    for client, (_, body) in zip(clients, trained, strict=True):
         torch.testing.assert_close(client.model.head.weight.detach(), expected_w)
         torch.testing.assert_close(client.model.head.bias.detach(), expected_b)
         for key, value in client.model.features.state_dict().items():
@@ -141,47 +128,55 @@ def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
     with torch.no_grad():
         feats = [c.model.features(x) for c in clients]
     assert not torch.allclose(feats[0], feats[1])
-    assert torch.equal(algo.artifacts()["global_head"], message_head(broadcast)[0])
+    assert torch.equal(run.server.artifacts()["global_head"], message_head(messages[0])[0])
 
 
 def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled():
+    # The server half on hand-built uploads, then the client half on its message.
     ctx = RunContext("cifar10", ["a", "b", "c"], D, 2, 1, torch.device("cpu"), 0)
-    # The paper-style variant (the defaults are the fork's: uniform, soft_ce; see below).
-    paper = {"weighting": "samples", "distill_loss": "mse", "logit_source": "pass"}
-    algo = FedDistill(FedDistillOptions(**paper), ctx)
-    uploads = [
-        {
+
+    uploads = {
+        0: {
             "logits": torch.tensor([[2.0, 0, 0], [0, 4, 0], [0, 0, 0]]),
             "counts": torch.tensor([3, 1, 0]),
         },
-        {
+        1: {
             "logits": torch.tensor([[6.0, 2, 0], [0, 0, 0], [0, 0, 0]]),
             "counts": torch.tensor([1, 0, 0]),
         },
-    ]
-    broadcast = algo.server_step(uploads, 0)
+    }
+
+    def server_message(options: FedDistillOptions) -> dict:
+        server = FedDistill.Server(options, ctx)
+        server.setup([], {})
+        server.aggregate(0, uploads)
+        return server.message()
+
+    # The paper-style variant (the defaults are the fork's: uniform, soft_ce; see below).
+    paper = FedDistillOptions(weighting="samples", distill_loss="mse", logit_source="pass")
+    message = server_message(paper)
     # Class 0: (3*[2,0,0] + 1*[6,2,0]) / 4 = [3, 0.5, 0]; class 1: client 0 alone; class 2: nobody.
     expected = torch.tensor([[3.0, 0.5, 0], [0, 4, 0], [0, 0, 0]])
-    torch.testing.assert_close(broadcast["logits"], expected)
-    assert broadcast["present"].tolist() == [True, True, False]
+    torch.testing.assert_close(message["logits"], expected)
+    assert message["present"].tolist() == [True, True, False]
     # The fork's defaults (logits recorded from training, which this stand-in client skips).
-    fork = FedDistill(FedDistillOptions(logit_source="pass"), ctx)
-    uniform = fork.server_step(uploads, 0)
+    fork = FedDistillOptions(logit_source="pass")
+    uniform = server_message(fork)
     torch.testing.assert_close(uniform["logits"][0], torch.tensor([4.0, 1, 0]))
-    fork_client = SimpleNamespace(state=FedDistill.State(), device=torch.device("cpu"))
-    fork.receive(fork_client, uniform)
+    fork_half = FedDistill.Client(fork, ctx)
+    fork_client = SimpleNamespace(state=fork_half.State(), device=torch.device("cpu"))
+    fork_half.receive(fork_client, uniform)
     sample = torch.tensor([[1.0, 0.5, 0]], requires_grad=True)
-    soft = fork.local_loss(fork_client, None, torch.tensor([0]), None, sample)
+    soft = fork_half.local_loss(fork_client, None, torch.tensor([0]), None, sample)
     target = torch.tensor([4.0, 1, 0]).softmax(0)  # CE towards softmax(G_y)
     assert soft.item() == pytest.approx(-(target * sample[0].log_softmax(0)).sum().item())
 
-    client = SimpleNamespace(
-        state=FedDistill.State(), device=torch.device("cpu")
-    )  # what the loss reads
-    algo.receive(client, broadcast)
+    half = FedDistill.Client(paper, ctx)
+    client = SimpleNamespace(state=half.State(), device=torch.device("cpu"))  # what the loss reads
+    half.receive(client, message)
     logits = torch.tensor([[1.0, 0.5, 0], [9.0, 9, 9]], requires_grad=True)
     y = torch.tensor([0, 2])  # the second sample's class has no global logits
-    loss = algo.local_loss(client, None, y, None, logits)
+    loss = half.local_loss(client, None, y, None, logits)
     # MSE over all B*C entries; the class-2 sample is its own target and adds 0.
     assert loss.item() == pytest.approx(((1 - 3) ** 2 + 0**2 + 0**2) / 6)
     loss.backward()
@@ -190,15 +185,16 @@ def test_feddistill_global_logits_are_count_weighted_and_absent_classes_handled(
 
 def test_feddistill_fork_logits_are_the_means_of_the_training_passes(tiny_data):
     run = prepare(tiny_config(algorithm="feddistill"), dataset=tiny_data)
-    algo, client = run.algorithm, run.clients[0]
-    assert_uploads_training_means(algo, client, client.model.head, "logits")
+    client = run.clients[0]
+    assert_uploads_training_means(run.client_half, client, client.model.head, "logits")
 
 
 def test_feddistill_uploads_the_per_class_mean_logits_of_the_train_split(tiny_data):
     config = tiny_config(algorithm="feddistill", algo_options={"logit_source": "pass"})
     run = prepare(config, dataset=tiny_data)
     client = run.clients[0]
-    means, counts = class_mean_logits(client)
+    upload = run.client_half.upload(client)
+    means, counts = upload["logits"], upload["counts"]
     with torch.no_grad():
         client.model.eval()
         logits = client.model(client.train_x)

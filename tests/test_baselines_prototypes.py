@@ -7,12 +7,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import record_round, start_run, tiny_config
 from torch import Tensor
 
 from fedtsp.algorithms import RunContext, resolve_options
-from fedtsp.algorithms.alignfed import AlignFed, anchor_loss, uniform_anchors
+from fedtsp.algorithms.alignfed import anchor_loss, anchor_weight
 from fedtsp.algorithms.fedtgp import FedTGP, _euclidean, adaptive_margin
+from fedtsp.algorithms.prototypes import uniform_anchors
 from fedtsp.core.config import ConfigError
 from fedtsp.core.results import RunStore
 from fedtsp.engine.simulation import prepare, run_experiment
@@ -23,18 +24,6 @@ METHODS = ["fedtgp", "alignfed", "fedgh"]
 def _ctx(num_classes: int, dim: int, rounds: int = 10) -> RunContext:
     names = [f"class{i}" for i in range(num_classes)]
     return RunContext("cifar10", names, dim, 2, rounds, torch.device("cpu"), 0)
-
-
-def _start(config, tiny_data):
-    """A prepared run whose clients have received the set-up broadcast (round 0 next)."""
-    run = prepare(config, dataset=tiny_data)
-    run.loop().start(run.first_broadcast)
-    return run
-
-
-def _round(run, t: int) -> dict:
-    """Round t through the engine: its history row, with the server's round metrics."""
-    return run.loop().round(t)
 
 
 # ---- FedTGP ------------------------------------------------------------------------------
@@ -71,25 +60,27 @@ def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
     assert adaptive_margin(means, torch.tensor([True, True, False]), 100.0) == pytest.approx(3.0)
     assert adaptive_margin(means, torch.tensor([True, False, False]), 7.0) == 7.0  # no pair
 
-    options = resolve_options("fedtgp", {})
-    algo = FedTGP(options, _ctx(3, 2))
+    # The server half alone, on these uploads.
+    server = FedTGP.Server(resolve_options("fedtgp", {}), _ctx(3, 2))
     torch.manual_seed(0)
-    algo.setup([], {})
-    broadcast = algo.server_step([up_a, up_b], 0)
-    assert algo.metrics["margin"] == pytest.approx(math.sqrt(37), rel=1e-6)
-    metrics = algo.round_metrics()
+    server.setup([], {})
+    server.aggregate(0, {0: up_a, 1: up_b})
+    message = server.message()
+    assert server.metrics["margin"] == pytest.approx(math.sqrt(37), rel=1e-6)
+    metrics = server.round_metrics()
     # 100 server epochs on the four uploaded prototypes: the loss falls within the round.
     assert metrics["server_loss_last"] < 0.9 * metrics["server_loss_first"]
-    assert broadcast["protos"].shape == (3, 2)
+    assert message["protos"].shape == (3, 2)
     losses = [metrics["server_loss_last"]]
     for t in range(1, 20):
-        broadcast = algo.server_step([up_a, up_b], t)
-        losses.append(algo.round_metrics()["server_loss_last"])
+        server.aggregate(t, {0: up_a, 1: up_b})
+        message = server.message()
+        losses.append(server.round_metrics()["server_loss_last"])
     assert all(b <= a for a, b in zip(losses, losses[1:], strict=False))
     assert losses[-1] < 0.5 * metrics["server_loss_first"]
     # After 2,000 server steps every upload's nearest prototype is its own class's, and
     # the margin has pushed the prototypes further apart than the class means (>= 3).
-    protos = broadcast["protos"]
+    protos = message["protos"]
     uploads = torch.cat([up_a["protos"], up_b["protos"]])
     assert torch.cdist(uploads, protos).argmin(1).tolist() == [0, 1, 0, 2]
     assert torch.pdist(protos).min() > 1.5 * torch.pdist(means).min()
@@ -99,33 +90,24 @@ def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
 
 
 def test_alignfed_anchors_spread_fixed_and_heads_averaged(tiny_data):
-    run = _start(tiny_config(algorithm="alignfed", rounds=4), tiny_data)
-    algo = run.algorithm
-    anchors = algo.anchors.clone()
+    run = start_run(tiny_config(algorithm="alignfed", rounds=4), tiny_data)
+    anchors = run.server.anchors.clone()
     cos = anchors @ anchors.T
     off = cos[~torch.eye(10, dtype=torch.bool)]
     assert torch.allclose(cos.diagonal(), torch.ones(10), atol=1e-5)
     assert (off + 1 / 9).abs().max() < 0.01  # the regular simplex: pairwise cosine -1/(C-1)
 
-    seen = []
-    server_step = algo.server_step
-
-    def spy(uploads, t):
-        seen.append(uploads)
-        return server_step(uploads, t)
-
-    algo.server_step = spy
     for t in range(2):
-        row = _round(run, t)
+        row, uploads, _ = record_round(run, t)
         assert row["anchor_lam"] == pytest.approx(20 * math.exp(math.log(0.1) * t / 4))
         heads = [c.model.head.weight.detach() for c in run.clients]
         assert all(torch.equal(h, heads[0]) for h in heads)  # every client has the same head
-        n = torch.tensor([float(u["num_samples"]) for u in seen[-1]])
-        uploaded = torch.stack([u["head.weight"] for u in seen[-1]])
+        n = torch.tensor([float(u["num_samples"]) for u in uploads.values()])
+        uploaded = torch.stack([u["head.weight"] for u in uploads.values()])
         expected = (n[:, None, None] * uploaded).sum(0) / n.sum()  # sample-weighted FedAvg
         assert torch.allclose(heads[0], expected, atol=1e-6)
         assert not torch.allclose(uploaded[0], uploaded[1])  # bodies/heads did train apart
-        assert torch.equal(algo.anchors, anchors)  # anchors never move
+        assert torch.equal(run.server.anchors, anchors)  # anchors never move
         assert all(torch.equal(c.state.anchors, anchors) for c in run.clients)
         assert all(c.state.round == t + 1 for c in run.clients)
 
@@ -179,10 +161,10 @@ def test_alignfed_per_sample_form_has_about_c_over_k_times_the_gradient(
 
 
 def test_alignfed_lambda_schedule_and_bad_options():
-    algo = AlignFed(resolve_options("alignfed", {}), _ctx(10, 8, rounds=300))
-    assert algo.lam(0) == pytest.approx(20.0)
-    assert algo.lam(150) == pytest.approx(math.sqrt(20 * 2))  # geometric mid-point
-    assert algo.lam(300) == pytest.approx(2.0)
+    options = resolve_options("alignfed", {})
+    assert anchor_weight(options, 300, 0) == pytest.approx(20.0)
+    assert anchor_weight(options, 300, 150) == pytest.approx(math.sqrt(20 * 2))  # geometric mid
+    assert anchor_weight(options, 300, 300) == pytest.approx(2.0)
     with pytest.raises(ConfigError, match="anchor_tau"):
         resolve_options("alignfed", {"anchor_tau": 0})
     with pytest.raises(ConfigError, match="client_loss"):
@@ -215,23 +197,22 @@ def test_fedgh_one_server_step_fits_separable_prototypes(tiny_data, options, fit
     # default of 1 epoch (one SGD step) left the head at its random initialisation.
     torch.manual_seed(0)
     run = prepare(tiny_config(algorithm="fedgh", algo_options=options), dataset=tiny_data)
-    run.algorithm.server_step(_separable_uploads(), 0)
-    acc = run.algorithm.round_metrics()["proto_acc_after"]
+    run.server.aggregate(0, dict(enumerate(_separable_uploads())))  # the server half alone
+    acc = run.server.round_metrics()["proto_acc_after"]
     assert (acc >= 0.95) == fits, acc
 
 
 def test_fedgh_global_head_learns_the_prototypes_and_replaces_client_heads(tiny_data):
-    run = _start(tiny_config(algorithm="fedgh", rounds=4, local_epochs=2), tiny_data)
-    algo = run.algorithm
+    run = start_run(tiny_config(algorithm="fedgh", rounds=4, local_epochs=2), tiny_data)
     accs = []
     for t in range(3):
-        row = _round(run, t)
+        row, _, _ = record_round(run, t)
         assert row["server_loss_after"] < row["server_loss_before"]
         assert row["proto_acc_after"] >= row["proto_acc_before"]
         accs.append(row["proto_acc_after"])
         for client in run.clients:
-            assert torch.equal(client.model.head.weight, algo.head.weight)
-            assert torch.equal(client.model.head.bias, algo.head.bias)
+            assert torch.equal(client.model.head.weight, run.server.head.weight)
+            assert torch.equal(client.model.head.bias, run.server.head.bias)
     assert accs[-1] > accs[0] and accs[-1] > 0.5  # chance on the prototypes is 0.1
 
 
@@ -269,15 +250,15 @@ def test_learns_and_counts_bytes(tmp_path, tiny_data, algorithm):
 def test_prototype_evaluation_picks_the_nearest_global_prototype(tiny_data, algorithm):
     # HtFLlib's FedProto / FedTGP score a test image by its nearest global prototype.
     config = tiny_config(algorithm=algorithm, algo_options={"eval_mode": "prototype"})
-    run = _start(config, tiny_data)
+    run = start_run(config, tiny_data)
     client = run.clients[0]
     x = client.test_x[:30]
-    assert torch.equal(run.algorithm.predict(client, x), client.model(x))  # none yet: the head
-    _round(run, 0)
+    assert torch.equal(run.client_half.predict(client, x), client.model(x))  # none yet: the head
+    record_round(run, 0)
     protos = client.state.targets
     with torch.no_grad():
         feats = client.model.features(x).float()
-        logits = run.algorithm.predict(client, x)
+        logits = run.client_half.predict(client, x)
     nearest = torch.cdist(feats, protos).argmin(1)
     if algorithm == "fedproto":  # classes nobody holds have no prototype and never win
         missing = ~client.state.present

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_config
+from conftest import record_round, start_run, tiny_config
 
 from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_factors
-from fedtsp.algorithms.shared_model import distill_kl, shared_weights
+from fedtsp.algorithms.model_messages import shared_weights
+from fedtsp.algorithms.shared_model import distill_kl
 from fedtsp.core.config import ConfigError
 from fedtsp.core.results import RunStore
 from fedtsp.engine.messages import message_nbytes
@@ -34,15 +35,13 @@ PAPER = {
 }
 
 
-def _one_round(run, epochs: int = 1):
-    """Train every client, upload, aggregate and broadcast once, as the simulator does."""
-    algo, cfg = run.algorithm, run.config
-    for client in run.clients:
-        generator = torch.Generator().manual_seed(100 + client.index)
-        client.train(algo.train_loss, epochs, cfg.batch_size, generator, algo.before_step)
-    uploads = [algo.upload(c) for c in run.clients]
-    broadcast = algo.server_step(uploads, 0)
-    return uploads, broadcast
+def _one_round(run):
+    """Round 0 through the engine (train, upload, aggregate, deliver): the clients' uploads
+    (in client order) and the message client 0 received (every client gets the same)."""
+    run.loop().start(run.first_broadcast)
+    _, uploads, messages = record_round(run, 0)
+    assert all(_states_equal(m, messages[0]) for m in messages.values())
+    return list(uploads.values()), messages[0]
 
 
 def _states_equal(a: dict, b: dict) -> bool:
@@ -61,7 +60,7 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
     run = prepare(
         tiny_config(algorithm="fml", rounds=1, algo_options=PAPER["fml"]), dataset=tiny_data
     )
-    algo, clients = run.algorithm, run.clients
+    clients = run.clients
     assert all(
         _states_equal(shared_weights(c.state.shared), shared_weights(clients[0].state.shared))
         for c in clients
@@ -75,7 +74,7 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
         kl_pm = (F.softmax(m, 1) * (F.log_softmax(m, 1) - F.log_softmax(p, 1))).sum(1).mean()
         kl_mp = (F.softmax(p, 1) * (F.log_softmax(p, 1) - F.log_softmax(m, 1))).sum(1).mean()
         want = 0.5 * (F.cross_entropy(p, y) + kl_pm + F.cross_entropy(m, y) + kl_mp)
-        got = algo.train_loss(clients[0], x, y)
+        got = run.client_half.train_loss(clients[0], x, y)
     assert float(kl_pm) > 1e-4 and float(got) == pytest.approx(float(want), rel=1e-5)
 
     uploads, broadcast = _one_round(run)
@@ -87,8 +86,7 @@ def test_fml_mutual_loss_and_sample_weighted_fedavg(tiny_data):
     uniform = _weighted_mean(states, [1] * len(counts))
     key = "features.backbone.7.weight"  # the FC layer
     assert not torch.allclose(expected[key], uniform[key], atol=1e-6)  # weighting matters here
-    for client in clients:
-        algo.receive(client, broadcast)
+    assert broadcast.keys() == expected.keys()
     for client in clients:
         got = shared_weights(client.state.shared)
         assert _states_equal(got, shared_weights(clients[0].state.shared))
@@ -111,7 +109,7 @@ def test_fml_gradients_follow_the_forks_two_backward_passes(tiny_data, detach_pa
     personal, meme = client.model, client.state.shared
     x, y = client.train_x[:20], client.train_y[:20]
     client.optimizer.zero_grad()
-    run.algorithm.train_loss(client, x, y).backward()
+    run.client_half.train_loss(client, x, y).backward()
     got = _grads(personal, meme)
 
     # Written out as in the fork: nn.KLDivLoss() (element-wise mean), input log-probs,
@@ -179,23 +177,22 @@ def test_fedkd_svd_keeps_the_energy_and_saves_bytes():
 
 def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
     config = tiny_config(algorithm="fedkd", rounds=1, lr=0.05, algo_options=PAPER["fedkd"])
-    run = prepare(config, dataset=tiny_data)
-    algo, clients = run.algorithm, run.clients
+    run = start_run(config, tiny_data)
+    clients = run.clients
     assert [g["lr"] for g in clients[0].optimizer.param_groups] == [0.05, 0.01]  # mentee_lr
     before = shared_weights(clients[0].state.shared)
-    uploads, broadcast = _one_round(run)
-    dense = algo.dense_bytes
-    assert all(message_nbytes(u) - 8 < dense / 4 for u in uploads)  # SVD factors, not weights
+    _, uploads, messages = record_round(run, 0)
+    broadcast = messages[0]
+    dense = run.server.dense_bytes
+    assert all(message_nbytes(u) - 8 < dense / 4 for u in uploads.values())  # SVD factors
     assert message_nbytes(broadcast) < dense / 4
-    for client in clients:
-        algo.receive(client, broadcast)
-    update = decode_update(broadcast, algo.shapes)
+    update = decode_update(broadcast, {k: v.shape for k, v in before.items()})
     for client in clients:
         got = shared_weights(client.state.shared)
         assert _states_equal(got, shared_weights(clients[0].state.shared))
         for k in got:
             torch.testing.assert_close(got[k], before[k] + update[k])
-    assert algo.round_metrics()["upload_ratio"] < 0.25
+    assert run.server.round_metrics()["upload_ratio"] < 0.25
     assert not torch.equal(clients[0].state.hidden_proj.weight, clients[1].state.hidden_proj.weight)
 
 
@@ -203,7 +200,7 @@ def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
 def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
     config = tiny_config(algorithm="fedmrl", rounds=1, algo_options=PAPER["fedmrl"])
     run = prepare(config, dataset=tiny_data)
-    algo, clients = run.algorithm, run.clients
+    clients = run.clients
     shared = clients[0].state.shared
     assert shared.head.in_features == 128 and shared.features(clients[0].train_x[:2]).shape == (
         2,
@@ -217,8 +214,6 @@ def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
     assert set(broadcast) == set(shared_weights(shared))  # only the shared model travels
     states = [{k: v for k, v in u.items() if k != "num_samples"} for u in uploads]
     expected = _weighted_mean(states, [c.num_train for c in clients])
-    for client in clients:
-        algo.receive(client, broadcast)
     for client in clients:
         got = shared_weights(client.state.shared)
         for k in expected:
@@ -235,7 +230,7 @@ def test_fedmrl_shares_the_small_model_and_keeps_the_rest_personal(tiny_data):
         fused = client.state.proj(
             torch.cat([client.state.shared.features(x), client.model.features(x)], 1)
         )
-        torch.testing.assert_close(algo.predict(client, x), client.model.head(fused))
+        torch.testing.assert_close(run.client_half.predict(client, x), client.model.head(fused))
 
 
 # ---- all three ----------------------------------------------------------------------------
@@ -264,7 +259,8 @@ def test_communication_is_the_shared_model(tiny_data):
     weighted = prepare(
         tiny_config(algorithm="fml", algo_options={"weighting": "samples"}), dataset=tiny_data
     )
-    assert weighted.algorithm.upload(weighted.clients[0])["num_samples"].dtype == torch.int64
+    upload = weighted.client_half.upload(weighted.clients[0])
+    assert upload["num_samples"].dtype == torch.int64
 
 
 @pytest.mark.parametrize(
@@ -277,11 +273,11 @@ def test_communication_is_the_shared_model(tiny_data):
 )
 def test_fork_defaults_clip_each_model_and_average_uniformly(tiny_data, algorithm, clip, modules):
     run = prepare(tiny_config(algorithm=algorithm, rounds=1), dataset=tiny_data)
-    algo, client = run.algorithm, run.clients[0]
-    assert algo.opts.grad_clip == clip and algo.opts.weighting == "uniform"
+    half, client = run.client_half, run.clients[0]
+    assert half.opts.grad_clip == clip and half.opts.weighting == "uniform"
     x, y = client.train_x[:20], client.train_y[:20]
     client.optimizer.zero_grad()
-    (1e6 * algo.train_loss(client, x, y)).backward()  # gradients far above the clip
+    (1e6 * half.train_loss(client, x, y)).backward()  # gradients far above the clip
 
     def norm(module: torch.nn.Module) -> float:
         grads = [p.grad.norm() for p in module.parameters() if p.grad is not None]
@@ -289,7 +285,7 @@ def test_fork_defaults_clip_each_model_and_average_uniformly(tiny_data, algorith
 
     parts = [client.model, *(getattr(client.state, m) for m in modules)]
     assert all(norm(m) > 10 * clip for m in parts)
-    algo.before_step(client)
+    half.before_step(client)
     assert all(norm(m) == pytest.approx(clip, rel=1e-4) for m in parts)  # each on its own
     uploads, broadcast = _one_round(run)
     key = next(iter(broadcast))
@@ -323,15 +319,15 @@ def test_fedmrl_projectors_start_from_one_draw_or_one_each(tiny_data, init):
 
 def test_fedmrl_fork_defaults_reset_the_projector_and_test_on_batch_statistics(tiny_data):
     run = prepare(tiny_config(algorithm="fedmrl", rounds=1), dataset=tiny_data)
-    algo, clients = run.algorithm, run.clients
+    half, clients = run.client_half, run.clients
     initial = [{k: v.clone() for k, v in c.state.proj.state_dict().items()} for c in clients]
     client = clients[0]
-    client.train(algo.train_loss, 1, 20, torch.Generator().manual_seed(0), algo.before_step)
+    client.train(half.train_loss, 1, 20, torch.Generator().manual_seed(0), half.before_step)
     assert not torch.equal(client.state.proj.weight, initial[0]["weight"])  # it trained
     _one_round(run)
     for c, start in zip(clients, initial, strict=True):  # dropped after training, every round
         assert _states_equal(c.state.proj.state_dict(), start)
-    algo.predict(client, client.test_x[:8])
+    half.predict(client, client.test_x[:8])
     assert client.state.shared.training  # never switched to evaluation mode
 
 

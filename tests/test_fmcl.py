@@ -365,7 +365,7 @@ def test_pacfl_finds_the_domains_from_data_subspaces(domains, tmp_path):
 
 def test_ifca_client_picks_the_model_that_fits_its_data(domains):
     run = prepare(population_config("ifca", num_clusters=2), dataset=domains)
-    algo, client = run.client_algorithm, run.clients[0]
+    algo, client = run.client_half, run.clients[0]
     client.model.load_state_dict(run.clients[1].model.state_dict())
     fresh = {k: v.clone() for k, v in client.model.state_dict().items()}
     generator = torch.Generator().manual_seed(0)

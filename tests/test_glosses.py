@@ -9,7 +9,7 @@ import pytest
 from fedtsp.data import dataset_info
 from fedtsp.paper import glosses
 from fedtsp.paper import semantics as S
-from fedtsp.paper.plans import description_options
+from fedtsp.paper.notebook_runs import description_options
 from fedtsp.text.descriptions import (
     DESCRIPTION_SETS_DIR,
     description_stats,

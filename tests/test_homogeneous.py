@@ -7,24 +7,17 @@ import math
 
 import pytest
 import torch
-from conftest import LATER_FIELDS, key_before_fields, tiny_config
+from conftest import LATER_FIELDS, key_before_fields, record_round, start_run, tiny_config
 
 from fedtsp.algorithms.fedetf import simplex_etf
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.engine.runspec import check_run, run_key
-from fedtsp.engine.simulation import prepare, run_experiment
+from fedtsp.engine.simulation import run_experiment
 
 
 def homo_config(algorithm: str, setting: str = "gfl", **changes):
     return tiny_config(algorithm=algorithm, setting=setting, family="homo-cpu", **changes)
-
-
-def started(config, data):
-    """A prepared run whose clients have received the first broadcast (as round 0 sees it)."""
-    run = prepare(config, dataset=data)
-    run.loop().start(run.first_broadcast)
-    return run
 
 
 def train_rounds(run, rounds: int) -> None:
@@ -91,39 +84,46 @@ def test_fedtsp_is_revised_only_for_the_option_whose_code_changed():
 
 
 # ---- aggregation -----------------------------------------------------------------------------
-def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data):
-    run = started(homo_config("fedavg"), tiny_data)
+def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data, monkeypatch):
+    run = start_run(homo_config("fedavg"), tiny_data)
     sizes = [c.num_train for c in run.clients]
     assert len(set(sizes)) > 1  # unequal clients, so weighting matters
-    with torch.no_grad():  # client i's weights all equal i + 1
-        for i, client in enumerate(run.clients):
+    upload = run.client_half.upload
+
+    def filled(client):  # after training, client i's weights all equal i + 1
+        with torch.no_grad():
             for p in client.model.parameters():
-                p.fill_(i + 1.0)
-    broadcast = run.algorithm.server_step([run.algorithm.upload(c) for c in run.clients], 0)
+                p.fill_(client.index + 1.0)
+        return upload(client)
+
+    monkeypatch.setattr(run.client_half, "upload", filled)
+    _, _, messages = record_round(run, 0)
     expected = sum(n * (i + 1.0) for i, n in enumerate(sizes)) / sum(sizes)
     unweighted = sum(i + 1.0 for i in range(len(sizes))) / len(sizes)
     assert abs(expected - unweighted) > 0.01
-    weight = broadcast[MODEL_PREFIX + "head.weight"]
-    assert torch.allclose(weight, torch.full_like(weight, expected))
-    for client in run.clients:
-        run.algorithm.receive(client, broadcast)
+    assert sorted(messages) == [0, 1, 2, 3]
+    for message in messages.values():  # every client gets the one average
+        weight = message[MODEL_PREFIX + "head.weight"]
+        assert torch.allclose(weight, torch.full_like(weight, expected))
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
     assert float(run.clients[3].model.head.bias[0].detach()) == pytest.approx(expected, rel=1e-6)
 
 
 def test_all_clients_start_from_one_model(tiny_data):
-    run = started(homo_config("fedavg"), tiny_data)
+    run = start_run(homo_config("fedavg"), tiny_data)
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients[1:])
 
 
 def test_fedbabu_head_stays_at_its_initial_values(tiny_data):
-    run = started(homo_config("fedbabu"), tiny_data)
+    run = start_run(homo_config("fedbabu"), tiny_data)
     head0 = run.clients[0].model.head.weight.detach().clone()
     body0 = [p.detach().clone() for p in run.clients[0].model.features.parameters()]
-    train_rounds(run, 2)
+    train_rounds(run, 1)
+    _, uploads, _ = record_round(run, 1)
+    assert sorted(uploads) == [0, 1, 2, 3]
     for client in run.clients:
         assert torch.equal(client.model.head.weight, head0)  # frozen and common
-        assert not any(k.startswith(MODEL_PREFIX + "head.") for k in run.algorithm.upload(client))
+        assert not any(k.startswith(MODEL_PREFIX + "head.") for k in uploads[client.index])
     body = [p.detach() for p in run.clients[0].model.features.parameters()]
     assert max(float((a - b).abs().max()) for a, b in zip(body, body0, strict=True)) > 1e-4
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
@@ -145,36 +145,36 @@ def test_simplex_etf_has_equal_norm_columns_and_equal_negative_cosines(classes, 
 
 
 def test_fedetf_classifier_is_fixed_shared_and_never_sent(tiny_data):
-    run = started(homo_config("fedetf"), tiny_data)
+    run = start_run(homo_config("fedetf"), tiny_data)
     etf = run.clients[0].model.head.etf.clone()
-    train_rounds(run, 1)
+    _, uploads, _ = record_round(run, 0)
+    assert sorted(uploads) == [0, 1, 2, 3]
     for client in run.clients:
         assert torch.equal(client.model.head.etf, etf)
-        assert MODEL_PREFIX + "head.etf" not in run.algorithm.upload(client)
-        assert MODEL_PREFIX + "head.proj.weight" in run.algorithm.upload(client)
+        assert MODEL_PREFIX + "head.etf" not in uploads[client.index]
+        assert MODEL_PREFIX + "head.proj.weight" in uploads[client.index]
 
 
 # ---- FedFA -----------------------------------------------------------------------------------
-def test_fedfa_anchors_follow_the_class_means_with_momentum(tiny_data):
-    run = started(homo_config("fedfa", algo_options={"anchor_momentum": 0.25}), tiny_data)
-    algo, d = run.algorithm, run.algorithm.ctx.feature_dim
+def test_fedfa_anchors_follow_the_class_means_with_momentum(tiny_data, monkeypatch):
+    run = start_run(homo_config("fedfa", algo_options={"anchor_momentum": 0.25}), tiny_data)
+    server, d = run.server, run.server.ctx.feature_dim
+    upload = run.client_half.upload
 
-    def uploads(value: float) -> list[dict]:
-        out = []
-        for client in run.clients:
-            up = algo.upload(client)
-            up["protos"] = torch.full((10, d), value)
-            up["counts"] = torch.tensor([5] * 9 + [0])  # nobody holds class 9
-            out.append(up)
-        return out
+    def sending(value: float):
+        """Every client's upload with its class means all `value` (no one holds class 9)."""
+        crafted = {"protos": torch.full((10, d), value), "counts": torch.tensor([5] * 9 + [0])}
+        return lambda client: upload(client) | crafted
 
-    algo.server_step(uploads(2.0), 0)
-    assert torch.allclose(algo.anchors[:9], torch.full((9, d), 2.0))  # first sight: the mean
-    assert not bool(algo.has_anchor[9]) and float(algo.anchors[9].abs().sum()) == 0
-    broadcast = algo.server_step(uploads(6.0), 1)
-    assert torch.allclose(algo.anchors[:9], torch.full((9, d), 0.25 * 2 + 0.75 * 6))
-    algo.receive(run.clients[0], broadcast)
-    c = run.clients[0]
+    monkeypatch.setattr(run.client_half, "upload", sending(2.0))
+    record_round(run, 0)
+    assert torch.allclose(server.anchors[:9], torch.full((9, d), 2.0))  # first sight: the mean
+    assert not bool(server.has_anchor[9]) and float(server.anchors[9].abs().sum()) == 0
+    monkeypatch.setattr(run.client_half, "upload", sending(6.0))
+    _, _, messages = record_round(run, 1)
+    assert torch.allclose(server.anchors[:9], torch.full((9, d), 0.25 * 2 + 0.75 * 6))
+    assert torch.equal(messages[0]["anchors"], server.anchors)  # sent to the clients
+    c, algo = run.clients[0], run.client_half
     x, y = c.train_x[:8], c.train_y[:8]
     F = torch.nn.functional
     with torch.no_grad():
@@ -206,26 +206,26 @@ def test_gfl_record_scores_the_global_model_on_the_official_test_set(tmp_path, t
 
 
 def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
-    run = started(homo_config("fedtsp"), tiny_data)
+    run = start_run(homo_config("fedtsp"), tiny_data)
     client = run.clients[1]
     x, y = client.train_x[:8], client.train_y[:8]
     feats = client.model.features(x)
-    align = run.algorithm.local_loss(client, x, y, feats, client.model.head(feats))
+    align = run.client_half.local_loss(client, x, y, feats, client.model.head(feats))
     assert align is not None and float(align.detach()) > 0
     train_rounds(run, 1)
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
-    assert run.algorithm.text_protos.shape == (10, 384)
+    assert run.server.text_protos.shape == (10, 384)
 
 
 def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
-    run = started(homo_config("fedavg-ft", "pfl", algo_options={"ft_epochs": 5}), tiny_data)
+    run = start_run(homo_config("fedavg-ft", "pfl", algo_options={"ft_epochs": 5}), tiny_data)
     train_rounds(run, 1)
-    algo, client = run.algorithm, run.clients[2]
+    algo, client = run.client_half, run.clients[2]
     before = {k: v.clone() for k, v in client.model.state_dict().items()}
     algo.prepare_evaluation(client, round_index=1)
     after = client.model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # the model is untouched
-    weight, bias = algo._ft_heads[client.index]
+    weight, bias = client.state.ft_head
     moved = (weight - client.model.head.weight).detach().abs().max()
     assert float(moved) > 1e-4  # the head copy moved
 
@@ -237,22 +237,22 @@ def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
     assert tuned_acc > global_acc  # fine-tuning fits the client's own label distribution
     # Deterministic: the same round and client give the same head.
     algo.prepare_evaluation(client, round_index=1)
-    assert torch.equal(algo._ft_heads[client.index][0], weight)
+    assert torch.equal(client.state.ft_head[0], weight)
 
 
 def test_fedetf_per_starts_from_the_scaled_etf_plus_the_log_prior(tiny_data):
     options = {"ft_epochs": 0, "prior_bias": False}
-    run = started(homo_config("fedetf-per", "pfl", algo_options=options), tiny_data)
+    run = start_run(homo_config("fedetf-per", "pfl", algo_options=options), tiny_data)
     client = run.clients[0]
-    run.algorithm.prepare_evaluation(client, round_index=0)
+    run.client_half.prepare_evaluation(client, round_index=0)
     x = client.test_x[:16]
     # With no fine-tuning epochs the personal head is the global ETF classifier itself...
-    assert torch.allclose(run.algorithm.predict(client, x), client.model(x), atol=1e-5)
+    assert torch.allclose(run.client_half.predict(client, x), client.model(x), atol=1e-5)
     # ... plus the client's log class prior by default (the balanced loss's correction).
-    run = started(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
+    run = start_run(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
     client = run.clients[0]
-    run.algorithm.prepare_evaluation(client, round_index=0)
-    shift = run.algorithm.predict(client, x) - client.model(x)
+    run.client_half.prepare_evaluation(client, round_index=0)
+    shift = run.client_half.predict(client, x) - client.model(x)
     prior = client.state.log_prior
     assert torch.allclose(shift, prior.expand_as(shift), atol=1e-4)
     assert float(prior.max() - prior.min()) > 1.0  # a real shift: the tiny clients are skewed
@@ -291,9 +291,9 @@ def test_fedpac_qp_finds_the_simplex_minimiser():
 
 
 def test_fedpcl_predicts_the_nearest_global_prototype(tiny_data):
-    run = started(homo_config("fedpcl", "pfl"), tiny_data)
+    run = start_run(homo_config("fedpcl", "pfl"), tiny_data)
     train_rounds(run, 1)
-    client, algo = run.clients[0], run.algorithm
+    client, algo = run.clients[0], run.client_half
     x = client.test_x[:32]
     feats = torch.nn.functional.normalize(client.model.features(x), dim=1)
     protos = torch.nn.functional.normalize(client.state.targets, dim=1)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedtsp.algorithms import resolve_options
-from fedtsp.algorithms.base import Algorithm, RunContext
+from fedtsp.algorithms.base import RunContext, ServerHalf
 from fedtsp.algorithms.options import build_options, option
 from fedtsp.core.config import ConfigError
 
@@ -62,7 +62,7 @@ def test_registered_methods_check_their_declared_options():
         resolve_options("fedtsp", {"dp_epsilon": 1.0, "dp_noise_std": 0.1})
 
 
-class _Toy(Algorithm):
+class _Toy(ServerHalf):
     server_state = ("net", "table", "metrics")
 
 

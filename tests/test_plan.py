@@ -12,7 +12,7 @@ from fedtsp.core.results import RunStore
 from fedtsp.engine.build import partition_dataset
 from fedtsp.paper import plan
 from fedtsp.paper.experiments import DataSource, run_all
-from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import load_profile, notebook_parameters
 from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks
 

@@ -99,10 +99,10 @@ def test_authors_variant_adds_one_unclipped_gaussian_tensor():
 
 
 def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
-    clean = prepare(tiny_config(algorithm="fedtsp"), dataset=tiny_data).algorithm
+    clean = prepare(tiny_config(algorithm="fedtsp"), dataset=tiny_data).server
     options = {"dp_epsilon": 8.0}
     private = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
-    learner, clean_learner = private.algorithm.learner, clean.learner
+    learner, clean_learner = private.server.learner, clean.learner
     assert torch.equal(learner.attention_mask, clean_learner.attention_mask)
     keep = learner.attention_mask.bool().clone()
     slots = slice(learner.ctx_start, learner.ctx_start + learner.n_ctx)
@@ -113,12 +113,12 @@ def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
     assert learner.n_ctx == 1 and not learner.token_embeddings[:, slots].any()  # sent as zeros
     noise = diff[keep]  # the clipped signal is tiny next to sigma = 3.03
     assert float(noise.std()) == pytest.approx(dp_sigma(8.0, 1e-5, 2.5), rel=0.05)
-    assert not torch.allclose(private.algorithm.text_protos, clean.text_protos)
+    assert not torch.allclose(private.server.text_protos, clean.text_protos)
     again = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
-    assert torch.equal(again.algorithm.learner.token_embeddings, learner.token_embeddings)
+    assert torch.equal(again.server.learner.token_embeddings, learner.token_embeddings)
     code = prepare(
         tiny_config(algorithm="fedtsp", algo_options={"dp_noise_std": 0.1}), dataset=tiny_data
-    ).algorithm.learner
+    ).server.learner
     assert float((code.token_embeddings - clean_learner.token_embeddings).std()) == pytest.approx(
         0.1, rel=0.05
     )
@@ -136,17 +136,18 @@ def test_fedtsp_builds_prototypes_from_the_noisy_upload(tiny_data):
 def test_the_private_descriptions_are_a_client_message_and_the_server_never_reads_them(
     tiny_data, monkeypatch
 ):
-    from fedtsp.algorithms.fedtsp import FedTSP
+    from fedtsp.algorithms import fedtsp
+    from fedtsp.algorithms.base import ClientHalf, ServerHalf
     from fedtsp.models.text import TextEncoder
 
-    readers: list[object] = []  # the method objects in whose hooks text was read or embedded
+    readers: list[object] = []  # the method halves in whose hooks text was read or embedded
 
     def spy(original):
         def wrapped(*args, **kwargs):
             frame = inspect.currentframe()
             while frame is not None:
                 owner = frame.f_locals.get("self")
-                if isinstance(owner, FedTSP):
+                if isinstance(owner, ClientHalf | ServerHalf):
                     readers.append(owner)
                     break
                 frame = frame.f_back
@@ -154,20 +155,21 @@ def test_the_private_descriptions_are_a_client_message_and_the_server_never_read
 
         return wrapped
 
-    for cls, name in [(FedTSP, "_class_prompts"), (TextEncoder, "tokenize")]:
-        monkeypatch.setattr(cls, name, spy(getattr(cls, name)))
+    for target, name in [(fedtsp, "class_prompts"), (TextEncoder, "tokenize")]:
+        monkeypatch.setattr(target, name, spy(getattr(target, name)))
     for encoder in ("BertTextEncoder", "ClipTextEncoder"):
         cls = getattr(__import__("fedtsp.models.text", fromlist=[encoder]), encoder)
         monkeypatch.setattr(cls, "embed_tokens", spy(cls.embed_tokens))
     options = {"dp_epsilon": 8.0, "dp_client": 1}
     run = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
-    assert readers and all(r is run.client_algorithm for r in readers)  # the client half only
-    assert run.algorithm.learner.prompts is None  # the server holds no description text
+    assert readers and all(isinstance(r, ClientHalf) for r in readers)  # the client half only
+    assert all(r is run.client_half for r in readers)
+    assert run.server.learner.prompts is None  # the server holds no description text
     # The upload is a set-up message of client 1 alone, counted in the record's bytes.
-    embeds = run.algorithm.learner.token_embeddings
-    upload = run.client_algorithm.setup_upload(run.clients[1])
+    embeds = run.server.learner.token_embeddings
+    upload = run.client_half.setup_upload(run.clients[1])
     assert set(upload) == {"dp_embeddings", "dp_lengths", "dp_counts"}
-    assert run.client_algorithm.setup_upload(run.clients[0]) == {}
+    assert run.client_half.setup_upload(run.clients[0]) == {}
     assert torch.equal(upload["dp_embeddings"], embeds)
     nbytes = embeds.numel() * 4 + upload["dp_lengths"].numel() * 8 + 10 * 8
     plain = prepare(tiny_config(algorithm="fedtsp"), dataset=tiny_data)

@@ -11,8 +11,8 @@ import pytest
 from fedtsp.core.config import ConfigError
 from fedtsp.engine.simulation import run_key
 from fedtsp.paper.experiments import DataSource, method_config
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.outputs import ResultsWriter, write_index
-from fedtsp.paper.plans import notebook_plan
 from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
 from fedtsp.paper.tables import best_mask, mean_std, reading, to_latex, to_markdown
 

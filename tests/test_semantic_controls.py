@@ -16,7 +16,7 @@ def _targets(kind: str, seed: int = 0) -> torch.Tensor:
     opts = resolve_options("fedtsp", {"targets": kind, "trainable_prompts": False})
     classes = list(dataset_info("cifar10").classes)
     ctx = RunContext("cifar10", classes, 384, 4, 2, torch.device("cpu"), seed)
-    return get_algorithm("fedtsp")(opts, ctx).setup([], {})["text_protos"]
+    return get_algorithm("fedtsp").Server(opts, ctx).setup([], {})["text_protos"]
 
 
 def test_shuffled_keeps_every_text_prototype_but_gives_no_class_its_own():

@@ -13,6 +13,8 @@ from conftest import (
     history_rows,
     key_before_fields,
     native_setting,
+    record_round,
+    start_run,
     tiny_config,
 )
 
@@ -46,30 +48,31 @@ def test_fedtsp_tunes_prompts_on_the_server(tmp_path, tiny_data):
     assert protos.shape == (10, 384)
 
 
-def test_fedtsp_server_step_reuses_the_broadcast_forward(tiny_data):
-    def prepared(server_epochs):
+def test_fedtsp_server_round_reuses_the_message_forward(tiny_data):
+    def first_round(server_epochs: int, keep_graph: bool = True):
+        """Round 0 of a FedTSP run; its server, the text prototypes before it, the messages
+        it sent and the PLM forwards the server ran in it."""
         options = {"server_epochs": server_epochs}
-        algo = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
-        calls = []
-        encode = algo.algorithm.learner._encode
-        algo.algorithm.learner._encode = lambda e: calls.append(1) or encode(e)
-        return algo.algorithm, [algo.algorithm.upload(c) for c in algo.clients], calls
+        run = start_run(tiny_config(algorithm="fedtsp", algo_options=options), tiny_data)
+        server, calls = run.server, []
+        if not keep_graph:
+            server._pending_protos = None  # no kept graph: the step runs its own forward
+        encode = server.learner._encode
+        server.learner._encode = lambda e: calls.append(1) or encode(e)
+        before = server.text_protos.clone()
+        _, _, messages = record_round(run, 0)
+        return server, before, messages, calls
 
-    algo, uploads, calls = prepared(1)
-    before = algo.text_protos.clone()
-    broadcast = algo.server_step(uploads, 1)
-    # One PLM pass per round at E_s = 1 (the new broadcast): the step's own forward is the
-    # graph kept from the previous broadcast.
+    server, before, messages, calls = first_round(1)
+    # One PLM pass per round at E_s = 1 (the new message): the step's own forward is the
+    # graph kept from the previous message.
     assert len(calls) == 1
-    assert not torch.allclose(broadcast["text_protos"], before)  # the prompts did move
-    fresh, uploads, fresh_calls = prepared(1)
-    fresh._pending_protos = None  # no kept graph: the step runs its own forward
-    fresh.server_step(uploads, 1)
+    assert not torch.allclose(messages[0]["text_protos"], before)  # the prompts did move
+    fresh, _, _, fresh_calls = first_round(1, keep_graph=False)
     assert len(fresh_calls) == 2
-    torch.testing.assert_close(fresh.learner.ctx, algo.learner.ctx)
-    algo, uploads, calls = prepared(3)
-    algo.server_step(uploads, 1)
-    assert len(calls) == 3  # epochs 2 and 3 need fresh forwards, then the broadcast
+    torch.testing.assert_close(fresh.learner.ctx, server.learner.ctx)
+    _, _, _, calls = first_round(3)
+    assert len(calls) == 3  # epochs 2 and 3 need fresh forwards, then the message
 
 
 def test_fedproto_communication_is_counted(tmp_path, tiny_data):
@@ -99,16 +102,17 @@ def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
 ):
     cls = get_algorithm(algorithm)
     seen = {}
-    setup = cls.setup
+    setup = cls.Server.setup
 
     def spy(self, facts, uploads):
         seen["facts"], seen["uploads"] = facts, uploads
         return setup(self, facts, uploads)
 
-    monkeypatch.setattr(cls, "setup", spy)
+    monkeypatch.setattr(cls.Server, "setup", spy)
     run = prepare(tiny_config(algorithm=algorithm, **native_setting(algorithm)), dataset=tiny_data)
-    assert dataclasses.is_dataclass(cls.State)
-    assert all(type(c.state) is cls.State for c in run.clients)  # one typed state each
+    assert type(run.server) is cls.Server and type(run.client_half) is cls.Client
+    assert dataclasses.is_dataclass(cls.Client.State)
+    assert all(type(c.state) is cls.Client.State for c in run.clients)  # one typed state each
     assert [f.index for f in seen["facts"]] == [0, 1, 2, 3]  # facts, not client objects
     assert all(type(f) is ClientFacts for f in seen["facts"])
     counts = seen["facts"][1].class_counts
@@ -116,7 +120,7 @@ def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
     # Only a common start (client 0's model or head) travels in set-up, and only from client 0.
     assert all(not u for i, u in seen["uploads"].items() if i > 0)
     if seen["uploads"][0]:
-        assert cls.start_from is not None
+        assert cls.Client.start_from is not None
         assert all(k.startswith("model.") for k in seen["uploads"][0])
 
 
@@ -156,7 +160,7 @@ def test_run_store_cache_hit_and_force(tmp_path, tiny_data):
 
 def test_nan_loss_names_client_and_round(tmp_path, tiny_data, monkeypatch):
     run = prepare(tiny_config(rounds=2), dataset=tiny_data)
-    algorithm_cls = type(run.algorithm)
+    algorithm_cls = type(run.client_half)
     original = algorithm_cls.train_loss
 
     def poisoned(self, client, x, y):
@@ -231,10 +235,10 @@ def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
     path.write_text(json.dumps(entries))
     config = tiny_config(algorithm="fedtsp", rounds=1, algo_options={"description_set": str(path)})
     run = prepare(config, dataset=tiny_data)
-    assert run.algorithm.learner.prompts[3][2] == "A photo of a cat: where a cat is usually found"
+    assert run.server.learner.prompts[3][2] == "A photo of a cat: where a cat is usually found"
     manual = prepare(tiny_config(algorithm="fedtsp", rounds=1), dataset=tiny_data)
     # Three descriptions per class give prototypes different from the single template.
-    assert not torch.allclose(run.algorithm.text_protos, manual.algorithm.text_protos)
+    assert not torch.allclose(run.server.text_protos, manual.server.text_protos)
     del entries["truck"]
     path.write_text(json.dumps(entries))
     with pytest.raises(ValueError, match="truck"):
@@ -245,7 +249,7 @@ def test_fedtsp_reads_descriptions_in_the_authors_schema(tmp_path, tiny_data):
 def test_fedtsp_uses_the_committed_description_sets(tiny_data, variant):
     config = tiny_config(algorithm="fedtsp", algo_options={"prompts": variant})
     run = prepare(config, dataset=tiny_data)
-    prompts = run.algorithm.learner.prompts
+    prompts = run.server.learner.prompts
     assert len(prompts) == 10 and all(len(p) == 3 for p in prompts)
     assert all(p.startswith("A photo of a ") for class_prompts in prompts for p in class_prompts)
 
@@ -292,12 +296,12 @@ def test_a_client_smaller_than_a_batch_is_skipped_only_when_asked(tiny_data, alg
         run, client = smallest(undersized)
         batch = client.num_train + 1
         before = [p.detach().clone() for p in client.model.parameters()]
-        loss = client.train(run.algorithm.train_loss, 1, batch, torch.Generator().manual_seed(0))
+        loss = client.train(run.client_half.train_loss, 1, batch, torch.Generator().manual_seed(0))
         moved = any(
             not torch.equal(a, p) for a, p in zip(before, client.model.parameters(), strict=True)
         )
         assert moved == trains and math.isnan(loss) != trains, undersized
-        upload = run.algorithm.upload(client)  # no training features: nothing to upload
+        upload = run.client_half.upload(client)  # no training features: nothing to upload
         assert (int(upload["counts"].sum()) > 0) == trains, undersized
     with pytest.raises(ConfigError, match="undersized_clients='drop' is invalid"):
         tiny_config(undersized_clients="drop").validate()
@@ -328,7 +332,7 @@ def test_shared_client_init_starts_each_architecture_from_one_set_of_weights(tin
 
 @pytest.mark.parametrize(("algorithm", "key"), [("fedproto", "protos"), ("feddistill", "logits")])
 def test_a_class_met_only_in_dropped_batches_is_not_uploaded_as_zeros(tiny_data, algorithm, key):
-    from fedtsp.algorithms.aggregation import aggregate_prototypes
+    from fedtsp.algorithms.aggregation import aggregate_uploads
 
     run = prepare(tiny_config(algorithm=algorithm, batch_order="fixed"), dataset=tiny_data)
     client, other = run.clients[0], run.clients[1]
@@ -341,15 +345,13 @@ def test_a_class_met_only_in_dropped_batches_is_not_uploaded_as_zeros(tiny_data,
     assert batch > int(client.class_counts()[c]) > 0
     uploads = []
     for trainer in (client, other):
-        trainer.train(run.algorithm.train_loss, 1, batch, torch.Generator().manual_seed(0))
-        uploads.append(run.algorithm.upload(trainer))
+        trainer.train(run.client_half.train_loss, 1, batch, torch.Generator().manual_seed(0))
+        uploads.append(run.client_half.upload(trainer))
     assert int(uploads[0]["counts"][c]) == 0 and int(uploads[1]["counts"][c]) > 0
     met = client.class_counts().clone()
     met[c] = 0
     assert torch.equal(uploads[0]["counts"], met)  # one epoch: every other sample was met
-    merged, present = aggregate_prototypes(
-        [u[key] for u in uploads], [u["counts"] for u in uploads], "uniform"
-    )
+    merged, present = aggregate_uploads(dict(enumerate(uploads)), key, "uniform")
     assert bool(present[c])
     torch.testing.assert_close(merged[c], uploads[1][key][c])  # not halved by a zero row
 
@@ -359,15 +361,14 @@ def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_d
     # prototype_source="training" (the authors' code): no extra pass; every batch of every
     # local epoch counts, with the model as it was at that step (train mode).
     options = {"prototype_source": "training"}
-    run = prepare(tiny_config(algorithm=algorithm, algo_options=options), dataset=tiny_data)
-    algo, client = run.algorithm, run.clients[1]
-    if run.first_broadcast is not None:
-        algo.receive(client, run.first_broadcast)
+    # Started: FedTSP's clients hold the first text prototypes.
+    run = start_run(tiny_config(algorithm=algorithm, algo_options=options), tiny_data)
+    algo, client = run.client_half, run.clients[1]
     ys = assert_uploads_training_means(algo, client, client.model.features, "protos")
     assert len(ys) >= 2 * (client.num_train - 20)  # both epochs were recorded
     # The sums were used up: without new training a second upload holds no class.
     assert int(algo.upload(client)["counts"].sum()) == 0
-    default = prepare(tiny_config(algorithm=algorithm), dataset=tiny_data).algorithm.opts
+    default = prepare(tiny_config(algorithm=algorithm), dataset=tiny_data).client_half.opts
     # FedTSP: the paper's Eq. 5 (a pass after training); FedProto: the authors' code.
     assert default.prototype_source == {"fedtsp": "pass", "fedproto": "training"}[algorithm]
 

@@ -10,7 +10,7 @@ import pytest
 from fedtsp.cli import main
 from fedtsp.paper import verify
 from fedtsp.paper.experiments import DataSource, run_all
-from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import load_profile, notebook_parameters
 
 

@@ -3,7 +3,6 @@
 from fedtsp.algorithms import (  # noqa: F401  (registers the methods)
     alignfed,
     cfl,
-    clusters,
     fedavg,
     fedbabu,
     feddistill,
@@ -18,7 +17,7 @@ from fedtsp.algorithms import (  # noqa: F401  (registers the methods)
     fedproto,
     fedtgp,
     fedtsp,
-    finetune,
+    fixed_clusters,
     fmcl,
     fml,
     ifca,

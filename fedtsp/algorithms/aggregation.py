@@ -37,6 +37,14 @@ def aggregate_prototypes(
     return summed / total.clamp(min=1e-12).unsqueeze(-1), present
 
 
+def aggregate_uploads(
+    uploads: Mapping[int, Mapping[str, Tensor]], key: str, weighting: str = "samples"
+) -> tuple[Tensor, Tensor]:
+    """``aggregate_prototypes`` over the clients' ``key`` entries and their ``"counts"``."""
+    rows = list(uploads.values())
+    return aggregate_prototypes([u[key] for u in rows], [u["counts"] for u in rows], weighting)
+
+
 def unweighted_class_means(
     uploads: Sequence[Mapping[str, Tensor]], num_classes: int, device: torch.device | str
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:

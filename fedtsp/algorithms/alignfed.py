@@ -37,16 +37,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.aggregation import fedavg, normalized_weights
-from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.base import Algorithm, ClientHalf, Message, ServerHalf, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import message_head
 from fedtsp.algorithms.options import option
+from fedtsp.algorithms.prototypes import ANCHOR_ITERS, ANCHOR_LR, ANCHOR_TAU, uniform_anchors
 
 CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
 
@@ -58,39 +58,16 @@ class AlignFedOptions:
         2.0, "anchor-loss weight reached after all rounds (geometric decay)", "> 0"
     )
     temperature: float = option(1.0, "temperature of the client's cosine-to-anchor softmax", "> 0")
-    anchor_iters: int = option(100_000, "SGD steps that spread the anchors on the sphere", ">= 0")
-    anchor_lr: float = option(0.1, "learning rate of the anchor construction", "> 0")
-    anchor_tau: float = option(0.5, "temperature of the anchors' uniformity loss", "> 0")
+    anchor_iters: int = option(
+        ANCHOR_ITERS, "SGD steps that spread the anchors on the sphere", ">= 0"
+    )
+    anchor_lr: float = option(ANCHOR_LR, "learning rate of the anchor construction", "> 0")
+    anchor_tau: float = option(ANCHOR_TAU, "temperature of the anchors' uniformity loss", "> 0")
     client_loss: str = option(
         "anchor_softmax",
         "anchor_softmax (authors' code) or sample_softmax (per-sample CE)",
         choices=CLIENT_LOSSES,
     )
-
-
-def uniform_anchors(num_classes: int, dim: int, iters: int, lr: float, tau: float) -> Tensor:
-    """Unit-norm (C, d) anchors spread by SGD on the mean log-sum-exp of cosine / tau.
-
-    Draws the start from torch's global RNG. Every gradient is a combination of the
-    current anchors, so the iterate never leaves the span of the start: the loop runs on
-    C x r coordinates (r = rank <= C) and maps back at the end.
-    """
-    start = F.normalize(torch.rand(num_classes, dim) * 2 - 1, dim=1).double().numpy()
-    basis, coords = np.linalg.qr(start.T)  # start.T = basis @ coords
-    z = coords.T.copy()  # (C, r): anchor i = z[i] @ basis.T
-    off_diag = ~np.eye(num_classes, dtype=bool)
-    scale = 1.0 / (num_classes * tau)
-    for _ in range(iters):
-        norm = np.sqrt((z * z).sum(1, keepdims=True))
-        a = z / norm
-        logits = np.where(off_diag, a @ a.T / tau, -np.inf)
-        p = np.exp(logits - logits.max(1, keepdims=True))
-        p /= p.sum(1, keepdims=True)
-        grad = (p + p.T) @ a * scale  # d loss / d a
-        grad -= a * (a * grad).sum(1, keepdims=True)  # back through the normalisation
-        z -= lr * grad / norm
-    anchors = (z / np.linalg.norm(z, axis=1, keepdims=True)) @ basis.T
-    return torch.from_numpy(anchors).float()
 
 
 def anchor_loss(feats: Tensor, y: Tensor, anchors: Tensor, temperature: float, form: str) -> Tensor:
@@ -110,14 +87,47 @@ class AlignFedState:
     round: int = 0  # broadcasts received since then
 
 
-@register
-class AlignFed(Algorithm):
-    name = "alignfed"
-    server_state = ("anchors", "head")
-    Options = AlignFedOptions
+def anchor_weight(opts: AlignFedOptions, rounds: int, round_index: int) -> float:
+    """lambda(t) = lam_start * (lam_end / lam_start) ** (t / R)."""
+    ratio = round_index / max(rounds, 1)
+    return opts.lam_start * math.exp(math.log(opts.lam_end / opts.lam_start) * ratio)
+
+
+class AlignFedClient(ClientHalf):
     State = AlignFedState
-    revision = 1
     start_from = "head"
+
+    def local_loss(
+        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
+    ) -> Tensor | None:
+        anchors = client.state.anchors
+        if anchors is None:
+            return None
+        loss = anchor_loss(feats, y, anchors, self.opts.temperature, self.opts.client_loss)
+        return anchor_weight(self.opts, self.ctx.rounds, client.state.round) * loss
+
+    def upload(self, client: Client) -> Message:
+        head = client.model.head
+        return {
+            "head.weight": head.weight.detach().clone(),  # a snapshot, not a view
+            "head.bias": head.bias.detach().clone(),
+            "num_samples": torch.tensor(client.num_train),
+        }
+
+    def receive(self, client: Client, message: Message) -> None:
+        if "anchors" in message:  # the one-time set-up message
+            client.state.anchors = message["anchors"].to(client.device)
+            client.state.round = 0
+        else:
+            client.state.round += 1
+        head = client.model.head
+        with torch.no_grad():  # in place: the client's optimiser holds these parameters
+            head.weight.copy_(message["head.weight"])
+            head.bias.copy_(message["head.bias"])
+
+
+class AlignFedServer(ServerHalf):
+    server_state = ("anchors", "head")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts = self.opts
@@ -131,56 +141,22 @@ class AlignFed(Algorithm):
         self.anchors = anchors.to(self.ctx.device)
         weight, bias = message_head(uploads[0])
         self.head = {"weight": weight, "bias": bias}
-        return {"anchors": self.anchors, **self._head_message()}
+        return {"anchors": self.anchors, **self.message()}
 
-    def _head_message(self) -> Message:
-        return {"head.weight": self.head["weight"], "head.bias": self.head["bias"]}
-
-    def lam(self, round_index: int) -> float:
-        """lambda(t) = lam_start * (lam_end / lam_start) ** (t / R)."""
-        opts = self.opts
-        ratio = round_index / max(self.ctx.rounds, 1)
-        return opts.lam_start * math.exp(math.log(opts.lam_end / opts.lam_start) * ratio)
-
-    # ---- client side ----------------------------------------------------------------
-    def local_loss(
-        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
-    ) -> Tensor | None:
-        anchors = client.state.anchors
-        if anchors is None:
-            return None
-        loss = anchor_loss(feats, y, anchors, self.opts.temperature, self.opts.client_loss)
-        return self.lam(client.state.round) * loss
-
-    def upload(self, client: Client) -> Message:
-        head = client.model.head
-        return {
-            "head.weight": head.weight.detach().clone(),  # a snapshot, not a view
-            "head.bias": head.bias.detach().clone(),
-            "num_samples": torch.tensor(client.num_train),
-        }
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        if "anchors" in broadcast:  # the one-time set-up message
-            client.state.anchors = broadcast["anchors"].to(client.device)
-            client.state.round = 0
-        else:
-            client.state.round += 1
-        head = client.model.head
-        with torch.no_grad():  # in place: the client's optimiser holds these parameters
-            head.weight.copy_(broadcast["head.weight"])
-            head.bias.copy_(broadcast["head.bias"])
-
-    # ---- server side ----------------------------------------------------------------
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        weights = normalized_weights([u["num_samples"] for u in uploads])
-        mean = fedavg(uploads, weights, ["head.weight", "head.bias"])
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        rows = list(uploads.values())
+        weights = normalized_weights([u["num_samples"] for u in rows])
+        mean = fedavg(rows, weights, ["head.weight", "head.bias"])
         self.head = {key: mean[f"head.{key}"].to(self.ctx.device) for key in ("weight", "bias")}
-        self.last_lam = self.lam(round_index)
-        return self._head_message()
+        self.metrics = {"anchor_lam": anchor_weight(self.opts, self.ctx.rounds, round_index)}
 
-    def round_metrics(self) -> dict[str, float]:
-        return {"anchor_lam": self.last_lam}
+    def message(self) -> Message:
+        return {"head.weight": self.head["weight"], "head.bias": self.head["bias"]}
 
     def artifacts(self) -> dict[str, Tensor]:
         return {"global_prototypes": self.anchors}
+
+
+AlignFed = register(
+    Algorithm("alignfed", AlignFedClient, AlignFedServer, AlignFedOptions, revision=1)
+)

@@ -1,35 +1,36 @@
-"""The algorithm interface: the few hooks in which federated methods differ.
+"""The method interface: a method is a server half and a client half that share nothing but
+messages, and the read-only options and run context both are built from.
 
-A method is one subclass holding only what makes it different. Its hooks form two halves
-that share nothing but messages: the engine (:mod:`fedtsp.engine.loop`) calls the server
-half (``setup``, ``aggregate``, ``configure``, ``round_metrics``, ``artifacts``,
-``record_extras``, ``state_dict``) on one object and the client half (``init_client``,
-``setup_upload``, ``client_parameters``, ``prepare_evaluation``, ``predict``, ``train_loss``
-/ ``local_loss``, ``before_step``, ``upload``, ``receive``, ``analysis_artifacts``) on
-another. Set-up, then once per round:
+A method file reads top to bottom: its options, its client state, its ``ClientHalf``
+subclass (what a client does), its ``ServerHalf`` subclass (what the server does) and the
+``Algorithm`` record that names them, registered. Being two types, a client hook cannot read what a
+server hook computed: the attribute does not exist on the object it runs on, on every
+transport. Set-up, then once per round:
 
     set-up: client: init_client (its State), setup_upload -> server: setup(facts, uploads)
     client: evaluate (predict) -> local training (train_loss, with local_loss as the usual
     extra term; before_step between each backward pass and optimiser step) -> upload
-    server: aggregate -> configure (one message per client) -> client: receive
+    server: aggregate -> configure (one message per client; by default ``message()`` to
+    all) -> client: receive
 
 The server learns of the clients only their ``ClientFacts`` (sizes, label counts,
-architecture) and their messages. A client hook may read the method's options, the run
-context and the client (its ``state``, an instance of the method's ``State`` dataclass, and
-its ``round``), never what a server hook set on ``self``.
+architecture) and their messages. A client hook may read the options, the run context and
+the client (its ``state``, an instance of the half's ``State`` dataclass, and its
+``round``); whatever a client keeps between hooks lives in that state, which is
+checkpointed with the client and moves with it to another process.
 
 Defaults: a baseline's options default to what produced the paper's Table 1 (the authors'
 scripts and their fork of HtFLlib), its own paper's variant being an option; FedTSP's
 default to its paper, the authors' code choices being options. ``revision`` is bumped when
 that changes what a method's earlier records mean.
 
-Messages are plain ``dict[str, Tensor]``. Server state lives on the server's algorithm
-object (``state_dict``), per-client state in ``client.state`` so that both can be
-checkpointed and moved to another process.
+Messages are plain ``dict[str, Tensor]``. Server state lives on the server half (the
+attributes its ``server_state`` names are checkpointed).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -89,71 +90,51 @@ class ClassTargets:
     targets: Tensor | None = None
     present: Tensor | None = None  # None: every class
 
-    def take(self, broadcast: Message, key: str, present_key: str | None, device: Any) -> None:
-        self.targets = broadcast[key].to(device)
+    def take(self, message: Message, key: str, present_key: str | None, device: Any) -> None:
+        self.targets = message[key].to(device)
         if present_key is not None:
-            self.present = broadcast[present_key].to(device)
+            self.present = message[present_key].to(device)
+
+    def pulls(self, lam: float) -> bool:
+        """Whether local training adds the pull term: targets have arrived and lam > 0."""
+        return self.targets is not None and lam != 0
 
 
-class Algorithm:
-    """Base class; the defaults describe plain local training with a personal model."""
+class Half:
+    """What both halves of a method read: its options and the run context (never changed)."""
 
-    name: ClassVar[str] = ""
-    Options: ClassVar[type] = NoOptions
-    # Settings the method is defined for (RunConfig.setting rejects the others).
-    settings: ClassVar[tuple[str, ...]] = ("htfl",)
-    # Bumped when a change of defaults or of the method's code gives its earlier run records
-    # another meaning: a revision > 0 enters the run key, so those records are never reused.
-    revision: ClassVar[int] = 0
+    def __init__(self, options: Any, ctx: RunContext) -> None:
+        self.opts = options
+        self.ctx = ctx
+
+
+class ClientHalf(Half):
+    """A method's client hooks; the defaults describe plain local training with a personal
+    model."""
+
     # The per-client state (a dataclass; modules in it are checkpointed as weights).
     State: ClassVar[type] = NoState
     # The server's common start, if any: client 0's initial "model" or "head", which client 0
     # sends in set-up (as a Flower server asks one client for its initial parameters).
     start_from: ClassVar[str | None] = None
-    # The server attributes a checkpoint keeps (set in ``setup``, changed by the server hooks).
-    server_state: ClassVar[tuple[str, ...]] = ()
 
-    @classmethod
-    def key_revision(cls, algo_options: dict[str, Any]) -> int:
-        """The revision a run with these (non-default) options hashes with; a method whose
-        change touched only some options' code overrides this."""
-        return cls.revision
-
-    def __init__(self, options: Any, ctx: RunContext) -> None:
-        self.opts = options
-        self.ctx = ctx
-        self.metrics: dict[str, Any] = {}  # the server's scalars for this round's history
-
-    # ---- sizing -------------------------------------------------------------------
-    @classmethod
-    def required_feature_dim(cls, options: Any) -> int | None:
-        """A width the method imposes on the feature extractor (None: no constraint)."""
-        return None
-
-    # ---- set-up ---------------------------------------------------------------------
     def init_client(self, client: Client) -> Any:
-        """The client's state before round 0 (client half; it may also fit the model to the
-        method, e.g. a fixed head)."""
+        """The client's state before round 0 (it may also fit the model to the method, e.g.
+        a fixed head)."""
         return self.State()
 
     def setup_upload(self, client: Client) -> Message:
-        """What a client sends in set-up (client half): by default client 0's start."""
+        """What a client sends in set-up: by default client 0's start."""
         if client.index != 0 or self.start_from is None:
             return {}
         if self.start_from == "head":
             return head_message(client.model)
         return model_message(client.model)
 
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message | None:
-        """The server's set-up from the clients' facts and set-up uploads; may return a first
-        broadcast."""
-        return None
-
     def client_parameters(self, client: Client) -> list[Any]:
         """Parameters (or optimiser parameter groups) the client's local SGD updates."""
         return list(client.model.parameters())
 
-    # ---- client side ----------------------------------------------------------------
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         feats = client.model.features(x)
         logits = client.model.head(feats)
@@ -181,26 +162,42 @@ class Algorithm:
         """What a client sends after local training."""
         return {}
 
-    def receive(self, client: Client, broadcast: Message) -> None:
-        """What a client does with the server's reply."""
+    def receive(self, client: Client, message: Message) -> None:
+        """What a client does with the server's message."""
 
-    # ---- server side ----------------------------------------------------------------
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        """Aggregate the uploads of one round (client order); return the one broadcast for
-        every client. Methods that send each client its own message override ``aggregate``
-        and ``configure`` instead."""
+    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
+        """Analysis tensors only a simulator holding every client can compute (never a
+        message, skipped on Flower)."""
         return {}
 
+
+class ServerHalf(Half):
+    """A method's server hooks; the defaults send nothing."""
+
+    # The attributes a checkpoint keeps (set in ``setup``, changed by ``aggregate``).
+    server_state: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, options: Any, ctx: RunContext) -> None:
+        super().__init__(options, ctx)
+        self.metrics: dict[str, Any] = {}  # the server's scalars for this round's history
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message | None:
+        """Set up from the clients' facts and set-up uploads; may return a first message for
+        every client."""
+        return None
+
     def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
-        """Fold one round's uploads (client id -> upload, in client order) into the server
-        state; by default through ``server_step``."""
-        self._pending_broadcast = self.server_step(list(uploads.values()), round_index)
+        """Fold one round's uploads (client id -> upload, in client order) into the state."""
+
+    def message(self) -> Message:
+        """The one message every client receives after ``aggregate`` (from the state)."""
+        return {}
 
     def configure(self, round_index: int, client_ids: list[int]) -> dict[int, Message]:
-        """The message each client receives before round ``round_index``: what the last
-        ``aggregate`` computed (it draws no randomness, so the engine may call it anywhere)."""
-        broadcast = getattr(self, "_pending_broadcast", {})
-        return dict.fromkeys(client_ids, broadcast)
+        """The message each client receives before round ``round_index``: by default
+        ``message()`` to all; methods that tailor one per client override this. It draws
+        no randomness, so the engine may call it anywhere."""
+        return dict.fromkeys(client_ids, self.message())
 
     def round_metrics(self) -> dict[str, float]:
         """Scalars the server wants in this round's history (e.g. its own loss): by default
@@ -211,17 +208,12 @@ class Algorithm:
         """Tensors worth keeping with the run record (e.g. global class prototypes)."""
         return {}
 
-    def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
-        """Analysis tensors only a simulator holding every client can compute (client half;
-        never a message, skipped on Flower)."""
-        return {}
-
     def record_extras(self) -> dict[str, Any]:
         """JSON facts the server adds to the run record (e.g. the clusters it found)."""
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        """The server attributes named in ``server_state`` (modules as their state dicts)."""
+        """The attributes named in ``server_state`` (modules as their state dicts)."""
         saved = {name: getattr(self, name) for name in self.server_state}
         return {
             k: v.state_dict() if isinstance(v, torch.nn.Module) else v for k, v in saved.items()
@@ -237,22 +229,49 @@ class Algorithm:
                 setattr(self, name, state[name])
 
 
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered method: its name, its two halves and what the engine needs to know of it."""
+
+    name: str
+    Client: type[ClientHalf]
+    Server: type[ServerHalf]
+    Options: type = NoOptions
+    # Settings the method is defined for (RunConfig.setting rejects the others).
+    settings: tuple[str, ...] = ("htfl",)
+    # Bumped when a change of defaults or of the method's code gives its earlier run records
+    # another meaning: a revision > 0 enters the run key, so those records are never reused.
+    revision: int = 0
+    # The revision a run with these (non-default) options hashes with, for a method whose
+    # change touched only some options' code (default: ``revision``).
+    revision_of: Callable[[dict[str, Any]], int] | None = None
+    # A width the method imposes on the feature extractor, from its resolved options.
+    feature_width: Callable[[Any], int] | None = None
+
+    def key_revision(self, algo_options: dict[str, Any]) -> int:
+        return self.revision if self.revision_of is None else self.revision_of(algo_options)
+
+    def required_feature_dim(self, options: Any) -> int | None:
+        """The width the method imposes (None: no constraint)."""
+        return None if self.feature_width is None else self.feature_width(options)
+
+
 # ---- registry -------------------------------------------------------------------------
-ALGORITHMS: dict[str, type[Algorithm]] = {}
+ALGORITHMS: dict[str, Algorithm] = {}
 
 
-def register(cls: type[Algorithm]) -> type[Algorithm]:
-    if not cls.name or cls.name in ALGORITHMS:
-        raise ValueError(f"algorithm name {cls.name!r} is empty or registered twice")
-    ALGORITHMS[cls.name] = cls
-    return cls
+def register(method: Algorithm) -> Algorithm:
+    if not method.name or method.name in ALGORITHMS:
+        raise ValueError(f"algorithm name {method.name!r} is empty or registered twice")
+    ALGORITHMS[method.name] = method
+    return method
 
 
 def algorithm_names() -> list[str]:
     return sorted(ALGORITHMS)
 
 
-def get_algorithm(name: str) -> type[Algorithm]:
+def get_algorithm(name: str) -> Algorithm:
     try:
         return ALGORITHMS[name]
     except KeyError:

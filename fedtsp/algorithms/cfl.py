@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from sklearn.cluster import AgglomerativeClustering
 
-from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import ClientFacts
-from fedtsp.algorithms.clusters import ClusteredFedAvg
+from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
 from fedtsp.algorithms.options import option
 
@@ -60,11 +60,8 @@ def _flat(message: Message) -> torch.Tensor:
     return torch.cat([message[k].detach().float().flatten().cpu() for k in keys])
 
 
-@register
-class CFL(ClusteredFedAvg):
-    name = "cfl"
-    server_state = (*ClusteredFedAvg.server_state, "last_split", "splits", "ratios")
-    Options = CFLOptions
+class CFLServer(ClusteredServer):
+    server_state = (*ClusteredServer.server_state, "last_split", "splits", "ratios")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         self.last_split: dict[int, int] = {}  # rounds done at a cluster's last split
@@ -113,3 +110,7 @@ class CFL(ClusteredFedAvg):
 
     def record_extras(self) -> dict[str, Any]:
         return super().record_extras() | {"splits": self.splits}
+
+
+# A CFL client only trains and uploads its cluster's model.
+CFL = register(Algorithm("cfl", ClusteredClient, CFLServer, CFLOptions, settings=("pfl",)))

@@ -185,17 +185,19 @@ class Client:
         return EvalResult(correct, correct5, int(y.shape[0]), loss_sum)
 
     @torch.inference_mode()
-    def class_prototypes(self, batch_size: int = 1000) -> tuple[Tensor, Tensor]:
-        """Per-class mean feature over the train split (Eq. 5) and the per-class counts.
-
-        Classes the client does not hold get a zero row and count 0.
+    def class_prototypes(
+        self, encode: Callable[[Tensor], Tensor] | None = None, batch_size: int = 1000
+    ) -> tuple[Tensor, Tensor]:
+        """Per-class mean of ``encode(x)`` (default: the features, Eq. 5) over the train split
+        and the per-class counts. Classes the client does not hold get a zero row, count 0.
         """
         self.model.eval()
+        encode = encode or self.model.features
         start = time.perf_counter()
         sums: Tensor | None = None
         for lo in range(0, self.num_train, batch_size):
             with self.autocast():
-                feats = self.model.features(self.train_x[lo : lo + batch_size]).float()
+                feats = encode(self.train_x[lo : lo + batch_size]).float()
             if sums is None:
                 sums = torch.zeros(self.num_classes, feats.shape[1], device=self.device)
             sums.index_add_(0, self.train_y[lo : lo + batch_size], feats)

@@ -13,36 +13,18 @@ A model travels as ``"model.<state key>"`` entries (``fedtsp.algorithms.model_me
 
 from __future__ import annotations
 
-from fedtsp.algorithms.base import Algorithm, Message, register
-from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.model_messages import (
-    average_model_messages,
-    load_model_message,
-    model_message,
-    with_sample_count,
+from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
+from fedtsp.algorithms.base import Algorithm, register
+from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
+
+FedAvg = register(Algorithm("fedavg", FedAvgClient, FedAvgServer, settings=("gfl",)))
+
+
+class FedAvgFTClient(HeadFineTuning, FedAvgClient):
+    State = FineTuned
+
+
+# FedAvg, then each client fine-tunes the global model's head (FedAvg-FT).
+FedAvgFT = register(
+    Algorithm("fedavg-ft", FedAvgFTClient, FedAvgServer, FineTuneOptions, settings=("pfl",))
 )
-
-
-@register
-class FedAvg(Algorithm):
-    name = "fedavg"
-    settings = ("gfl",)
-    start_from = "model"
-
-    def shares(self, key: str) -> bool:
-        """Which state entries are federated (subclasses keep e.g. the head out)."""
-        return True
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
-        # One common starting model for everyone, all of it (unshared parts too, e.g.
-        # FedBABU's frozen head): client 0's initial weights.
-        return dict(uploads[0])
-
-    def upload(self, client: Client) -> Message:
-        return with_sample_count(client, model_message(client.model, self.shares))
-
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        return average_model_messages(uploads)
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_model_message(client.model, broadcast)

@@ -15,19 +15,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from fedtsp.algorithms.base import register
+from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
+from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.fedavg import FedAvg
+from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
+from fedtsp.algorithms.model_messages import HEAD_PREFIX
 
-HEAD_PREFIX = "head."
 
-
-@register
-class FedBABU(FedAvg):
-    name = "fedbabu"
-
+class FedBABUClient(FedAvgClient):
     def shares(self, key: str) -> bool:
         return not key.startswith(HEAD_PREFIX)
 
     def client_parameters(self, client: Client) -> list[Any]:
         return list(client.model.features.parameters())
+
+
+FedBABU = register(Algorithm("fedbabu", FedBABUClient, FedAvgServer, settings=("gfl",)))
+
+
+class FedBABUFTClient(HeadFineTuning, FedBABUClient):
+    State = FineTuned
+
+
+# FedBABU, then each client fine-tunes the frozen random head (the paper's personalisation, restricted to the head).
+FedBABUFT = register(
+    Algorithm("fedbabu-ft", FedBABUFTClient, FedAvgServer, FineTuneOptions, settings=("pfl",))
+)

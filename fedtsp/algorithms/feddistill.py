@@ -22,17 +22,23 @@ uploaded as zero logits and averaged in; it is now left out.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
-from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
+from fedtsp.algorithms.aggregation import WEIGHTINGS
+from fedtsp.algorithms.base import (
+    Algorithm,
+    ClassTargets,
+    ClientHalf,
+    Message,
+    register,
+)
+from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client
 from fedtsp.algorithms.options import option
+from fedtsp.algorithms.prototypes import PrototypeAverage
 
 
 @dataclass
@@ -55,28 +61,20 @@ class FedDistillOptions:
     )
 
 
-@register
-class FedDistill(Algorithm):
-    name = "feddistill"
-    Options = FedDistillOptions
+class FedDistillClient(ClientHalf):
     State = ClassTargets
-    revision = 2
-    server_state = ("global_logits",)
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        self.global_logits: Tensor | None = None
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
         if self.opts.logit_source == "training":
             client.record_class_sums(logits, y)
-        global_logits = client.state.targets
-        if global_logits is None or self.opts.lam == 0:
+        state = client.state
+        if not state.pulls(self.opts.lam):
             return None
         # A sample whose class has no global logits is its own target: zero gradient.
         own = logits.detach().float()
-        target = torch.where(client.state.present[y].unsqueeze(1), global_logits[y], own)
+        target = torch.where(state.present[y].unsqueeze(1), state.targets[y], own)
         if self.opts.distill_loss == "mse":
             return self.opts.lam * F.mse_loss(logits.float(), target)
         return self.opts.lam * F.cross_entropy(logits.float(), target.softmax(dim=1))
@@ -85,37 +83,17 @@ class FedDistill(Algorithm):
         if self.opts.logit_source == "training":
             means, counts = client.prototypes("training", width=client.num_classes)
         else:
-            means, counts = class_mean_logits(client)
+            means, counts = client.class_prototypes(client.model)  # per-class mean logits
         return {"logits": means, "counts": counts}
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        self.global_logits, present = aggregate_prototypes(
-            [u["logits"] for u in uploads], [u["counts"] for u in uploads], self.opts.weighting
-        )
-        return {"logits": self.global_logits, "present": present}
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        client.state.take(broadcast, "logits", "present", client.device)
-
-    def artifacts(self) -> dict[str, Tensor]:
-        logits = self.global_logits
-        return {} if logits is None else {"global_logits": logits}
+    def receive(self, client: Client, message: Message) -> None:
+        client.state.take(message, "logits", "present", client.device)
 
 
-@torch.inference_mode()
-def class_mean_logits(client: Client, batch_size: int = 1000) -> tuple[Tensor, Tensor]:
-    """Per-class mean logits (C, C) over the client's train split, and its class counts.
+class FedDistillServer(PrototypeAverage):
+    key, artifact = "logits", "global_logits"  # class-mean logits, averaged as prototypes
 
-    Classes the client does not hold get a zero row and count 0.
-    """
-    client.model.eval()
-    start = time.perf_counter()
-    c = client.num_classes
-    sums = torch.zeros(c, c, device=client.device)
-    for lo in range(0, client.num_train, batch_size):
-        with client.autocast():
-            logits = client.model(client.train_x[lo : lo + batch_size]).float()
-        sums.index_add_(0, client.train_y[lo : lo + batch_size], logits)
-    client.model_seconds += time.perf_counter() - start
-    counts = client.class_counts()
-    return sums / counts.clamp(min=1).unsqueeze(1).float(), counts
+
+FedDistill = register(
+    Algorithm("feddistill", FedDistillClient, FedDistillServer, FedDistillOptions, revision=2)
+)

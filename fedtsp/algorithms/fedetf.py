@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.algorithms.base import register
+from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
+from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.fedavg import FedAvg
-from fedtsp.algorithms.finetune import FineTuneOptions, HeadFineTuning
+from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
 from fedtsp.algorithms.options import option
 
 SCALE_INIT = 10.0
@@ -84,10 +84,7 @@ class FedETFState:
     log_prior: Tensor  # log p(y) of the client's training labels (the balanced loss)
 
 
-@register
-class FedETF(FedAvg):
-    name = "fedetf"
-    Options = FedETFOptions
+class FedETFClient(FedAvgClient):
     State = FedETFState
 
     def shares(self, key: str) -> bool:
@@ -101,7 +98,7 @@ class FedETF(FedAvg):
         )
         client.model.head = ETFHead(etf).to(client.device)
         counts = client.class_counts().float()
-        return FedETFState(torch.log(counts / counts.sum() + 1e-12))
+        return self.State(torch.log(counts / counts.sum() + 1e-12))
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         logits = client.model(x)
@@ -110,15 +107,21 @@ class FedETF(FedAvg):
         return F.cross_entropy(logits, y)
 
 
+FedETF = register(Algorithm("fedetf", FedETFClient, FedAvgServer, FedETFOptions, settings=("gfl",)))
+
+
 @dataclass
 class FedETFPerOptions(FineTuneOptions, FedETFOptions):
     prior_bias: bool = option(True, "start the personal classifier's bias at log p(y) (else 0)")
 
 
-@register
-class FedETFPer(HeadFineTuning, FedETF):
-    name = "fedetf-per"
-    Options = FedETFPerOptions
+@dataclass
+class FedETFPerState(FineTuned, FedETFState):  # fields: log_prior, then ft_head
+    pass
+
+
+class FedETFPerClient(HeadFineTuning, FedETFClient):
+    State = FedETFPerState
 
     def ft_features(self, client: Client, x: Tensor) -> Tensor:
         return client.model.head.normalized(client.model.features(x))
@@ -129,3 +132,8 @@ class FedETFPer(HeadFineTuning, FedETF):
         if self.opts.prior_bias:
             return weight, client.state.log_prior.to(weight.device).float().clone()
         return weight, torch.zeros(weight.shape[0], device=weight.device)
+
+
+FedETFPer = register(
+    Algorithm("fedetf-per", FedETFPerClient, FedAvgServer, FedETFPerOptions, settings=("pfl",))
+)

@@ -34,11 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.aggregation import aggregate_uploads
+from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.fedavg import FedAvg
-from fedtsp.algorithms.model_messages import average_model_messages
+from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
 from fedtsp.algorithms.options import option
 
 
@@ -53,21 +53,8 @@ class FedFAOptions:
     calibrate: bool = option(True, "train the head on the anchors (classifier calibration)")
 
 
-@register
-class FedFA(FedAvg):
-    name = "fedfa"
-    server_state = ("anchors", "has_anchor")
-    Options = FedFAOptions
+class FedFAClient(FedAvgClient):
     State = ClassTargets
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
-        c, d = self.ctx.num_classes, self.ctx.feature_dim
-        self.anchors = torch.zeros(c, d, device=self.ctx.device)
-        self.has_anchor = torch.zeros(c, dtype=torch.bool, device=self.ctx.device)
-        return super().setup(facts, uploads) | self._anchor_message()
-
-    def _anchor_message(self) -> Message:
-        return {"anchors": self.anchors.clone(), "has_anchor": self.has_anchor.clone()}
 
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
@@ -91,20 +78,56 @@ class FedFA(FedAvg):
         means, counts = client.class_prototypes()
         return super().upload(client) | {"protos": means, "counts": counts}
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        mean, present = aggregate_prototypes(
-            [u["protos"] for u in uploads], [u["counts"] for u in uploads], "samples"
-        )
+    def receive(self, client: Client, message: Message) -> None:
+        super().receive(client, message)
+        client.state.take(message, "anchors", "has_anchor", client.device)
+
+
+class FedFAServer(FedAvgServer):
+    server_state = ("anchors", "has_anchor")
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        c, d = self.ctx.num_classes, self.ctx.feature_dim
+        self.anchors = torch.zeros(c, d, device=self.ctx.device)
+        self.has_anchor = torch.zeros(c, dtype=torch.bool, device=self.ctx.device)
+        return super().setup(facts, uploads) | self._anchor_message()
+
+    def _anchor_message(self) -> Message:
+        return {"anchors": self.anchors.clone(), "has_anchor": self.has_anchor.clone()}
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        super().aggregate(round_index, uploads)
+        mean, present = aggregate_uploads(uploads, "protos", "samples")
         mean, present = mean.to(self.anchors.device), present.to(self.anchors.device)
         m = self.opts.anchor_momentum
         moved = torch.where(self.has_anchor.unsqueeze(1), m * self.anchors + (1 - m) * mean, mean)
         self.anchors = torch.where(present.unsqueeze(1), moved, self.anchors)
         self.has_anchor = self.has_anchor | present
-        return average_model_messages(uploads) | self._anchor_message()
 
-    def receive(self, client: Client, broadcast: Message) -> None:
-        super().receive(client, broadcast)
-        client.state.take(broadcast, "anchors", "has_anchor", client.device)
+    def message(self) -> Message:
+        return super().message() | self._anchor_message()
 
     def artifacts(self) -> dict[str, Tensor]:
         return {"global_prototypes": self.anchors}
+
+
+FedFA = register(Algorithm("fedfa", FedFAClient, FedFAServer, FedFAOptions, settings=("gfl",)))
+
+
+@dataclass
+class FedFAFTOptions(FineTuneOptions, FedFAOptions):
+    pass
+
+
+@dataclass
+class FedFAFTState(ClassTargets, FineTuned):
+    pass
+
+
+class FedFAFTClient(HeadFineTuning, FedFAClient):
+    State = FedFAFTState
+
+
+FedFAFT = register(
+    Algorithm("fedfa-ft", FedFAFTClient, FedFAServer, FedFAFTOptions, settings=("pfl",))
+)

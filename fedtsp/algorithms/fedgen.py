@@ -48,7 +48,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.aggregation import fedavg, normalized_weights
-from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.base import (
+    Algorithm,
+    ClientHalf,
+    Message,
+    RunContext,
+    ServerHalf,
+    register,
+)
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
     HEAD_KEYS,
@@ -138,59 +145,26 @@ class FedGenState:
     feature_norm: Tensor | None = None
 
 
-@register
-class FedGen(Algorithm):
-    name = "fedgen"
-    Options = FedGenOptions
+def new_generator(opts: FedGenOptions, ctx: RunContext) -> FeatureGenerator:
+    """A fresh generator (the server trains one; each client holds a copy it loads)."""
+    return FeatureGenerator(
+        opts.noise_dim, ctx.num_classes, opts.hidden_dim, ctx.feature_dim, opts.noise
+    ).to(ctx.device)
+
+
+class FedGenClient(ClientHalf):
     State = FedGenState
-    revision = 2
     start_from = "head"
-    server_state = (
-        "generator",
-        "global_head",
-        "label_counts",
-        "feature_norm",
-        "global_protos",
-        "metrics",
-    )
 
     def init_client(self, client: Client) -> FedGenState:
-        # The generator's weights come with the broadcasts.
-        return FedGenState(self._new_generator(), torch.zeros((), device=client.device))
+        # The generator's weights come with the messages.
+        return FedGenState(
+            new_generator(self.opts, self.ctx), torch.zeros((), device=client.device)
+        )
 
     def setup_upload(self, client: Client) -> Message:
         return super().setup_upload(client) if self.opts.share_head else {}
 
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
-        opts = self.opts
-        self.generator = self._new_generator()
-        self.global_head: Message | None = None  # a head message (model_messages.HEAD_KEYS)
-        self.label_counts: Tensor | None = None
-        self.feature_norm: Tensor | None = None  # trained generator only (see the docstring)
-        self.global_protos: Tensor | None = None
-        if not opts.frozen_generator:
-            self.metrics = dict.fromkeys(("generator_loss", "generator_acc"), float("nan"))
-        first: Message = {}
-        if opts.share_head:  # one common starting head, like the authors' round-0 broadcast
-            self.global_head = uploads[0]
-            first |= self.global_head
-        if opts.frozen_generator:
-            self.label_counts = torch.tensor([f.class_counts for f in facts]).sum(0)
-            first |= self._generator_message()
-        return first
-
-    def _new_generator(self) -> FeatureGenerator:
-        opts, ctx = self.opts, self.ctx
-        return FeatureGenerator(
-            opts.noise_dim, ctx.num_classes, opts.hidden_dim, ctx.feature_dim, opts.noise
-        ).to(ctx.device)
-
-    def _generator_message(self) -> Message:
-        weights = {_GEN + k: v.detach() for k, v in self.generator.state_dict().items()}
-        norm = {} if self.feature_norm is None else {"feature_norm": self.feature_norm}
-        return weights | norm | {"label_counts": self.label_counts}
-
-    # ---- client side ----------------------------------------------------------------
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
@@ -217,36 +191,71 @@ class FedGen(Algorithm):
             out["norm_count"] = torch.tensor(float(count))
         return out
 
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_model_message(client.model, broadcast)  # the averaged head, if one came
-        if "label_counts" in broadcast:
-            weights = {k[len(_GEN) :]: v for k, v in broadcast.items() if k.startswith(_GEN)}
+    def receive(self, client: Client, message: Message) -> None:
+        load_model_message(client.model, message)  # the averaged head, if one came
+        if "label_counts" in message:
+            weights = {k[len(_GEN) :]: v for k, v in message.items() if k.startswith(_GEN)}
             client.state.generator.load_state_dict(weights)
-            client.state.label_counts = broadcast["label_counts"].to(client.device)
-            if "feature_norm" in broadcast:
-                client.state.feature_norm = broadcast["feature_norm"].to(client.device)
+            client.state.label_counts = message["label_counts"].to(client.device)
+            if "feature_norm" in message:
+                client.state.feature_norm = message["feature_norm"].to(client.device)
 
-    # ---- server side ----------------------------------------------------------------
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        device = self.ctx.device
-        heads = [message_head(u) for u in uploads]
+
+class FedGenServer(ServerHalf):
+    server_state = (
+        "generator",
+        "global_head",
+        "label_counts",
+        "feature_norm",
+        "global_protos",
+        "metrics",
+    )
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+        opts = self.opts
+        self.generator = new_generator(opts, self.ctx)
+        self.global_head: Message | None = None  # a head message (model_messages.HEAD_KEYS)
+        self.label_counts: Tensor | None = None
+        self.feature_norm: Tensor | None = None  # trained generator only (see the docstring)
+        self.global_protos: Tensor | None = None
+        if not opts.frozen_generator:
+            self.metrics = dict.fromkeys(("generator_loss", "generator_acc"), float("nan"))
+        first: Message = {}
+        if opts.share_head:  # one common starting head, like the authors' round-0 broadcast
+            self.global_head = uploads[0]
+            first |= self.global_head
+        if opts.frozen_generator:
+            self.label_counts = torch.tensor([f.class_counts for f in facts]).sum(0)
+            first |= self._generator_message()
+        return first
+
+    def _generator_message(self) -> Message:
+        weights = {_GEN + k: v.detach() for k, v in self.generator.state_dict().items()}
+        norm = {} if self.feature_norm is None else {"feature_norm": self.feature_norm}
+        return weights | norm | {"label_counts": self.label_counts}
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        device, rows = self.ctx.device, list(uploads.values())
+        heads = [message_head(u) for u in rows]
         weight = torch.stack([w for w, _ in heads]).to(device)  # (K, C, d)
         bias = torch.stack([b for _, b in heads]).to(device)  # (K, C)
-        counts = torch.stack([u["counts"] for u in uploads]).to(device).float()  # (K, C)
-        broadcast: Message = {}
+        counts = torch.stack([u["counts"] for u in rows]).to(device).float()  # (K, C)
         if self.opts.share_head:  # sample-weighted (FedAvg) mean of the heads
             sizes = normalized_weights(counts.sum(1).tolist())
-            self.global_head = fedavg(uploads, sizes, HEAD_KEYS)
-            broadcast |= self.global_head
+            self.global_head = fedavg(rows, sizes, HEAD_KEYS)
         if not self.opts.frozen_generator:
             self.label_counts = counts.sum(0).long().cpu()
-            seen = torch.stack([u["norm_count"] for u in uploads]).to(device)
-            norms = torch.stack([u["feature_norm"] for u in uploads]).to(device)
+            seen = torch.stack([u["norm_count"] for u in rows]).to(device)
+            norms = torch.stack([u["feature_norm"] for u in rows]).to(device)
             self.feature_norm = (norms * seen).sum() / seen.sum().clamp(min=1)
             self._train_generator(weight, bias, counts)
-            broadcast |= self._generator_message()
         self.global_protos = self._class_means()
-        return broadcast
+
+    def message(self) -> Message:
+        out: Message = dict(self.global_head) if self.opts.share_head else {}
+        if not self.opts.frozen_generator:  # a frozen one was sent once, in set-up
+            out |= self._generator_message()
+        return out
 
     def _ensemble_weights(self, counts: Tensor) -> Tensor:
         """(K, C): how much client k's head counts for a sample of class c."""
@@ -296,3 +305,6 @@ class FedGen(Algorithm):
         if self.global_head is not None:
             out["global_head"] = message_head(self.global_head)[0]
         return out
+
+
+FedGen = register(Algorithm("fedgen", FedGenClient, FedGenServer, FedGenOptions, revision=2))

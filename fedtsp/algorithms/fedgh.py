@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.aggregation import unweighted_class_means
-from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.base import Algorithm, ClientHalf, Message, ServerHalf, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import load_head, message_head
 from fedtsp.algorithms.options import option
@@ -41,12 +41,19 @@ class FedGHOptions:
     server_batch: int = option(100, "server mini-batch of uploaded prototypes", ">= 1")
 
 
-@register
-class FedGH(Algorithm):
-    name = "fedgh"
-    Options = FedGHOptions
-    revision = 1
+class FedGHClient(ClientHalf):
     start_from = "head"
+
+    def upload(self, client: Client) -> Message:
+        means, counts = client.class_prototypes()
+        present = counts > 0
+        return {"protos": means[present], "present": present}
+
+    def receive(self, client: Client, message: Message) -> None:
+        load_head(client, message["head.weight"], message["head.bias"])
+
+
+class FedGHServer(ServerHalf):
     server_state = ("head", "class_means")
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
@@ -54,32 +61,18 @@ class FedGH(Algorithm):
         self.head = nn.Linear(weight.shape[1], weight.shape[0]).to(self.ctx.device)
         self.head.load_state_dict({"weight": weight, "bias": bias})
         self.class_means: Tensor | None = None
-        return self._broadcast()
+        return self.message()
 
-    def _broadcast(self) -> Message:
-        return {"head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}
-
-    # ---- client side ----------------------------------------------------------------
-    def upload(self, client: Client) -> Message:
-        means, counts = client.class_prototypes()
-        present = counts > 0
-        return {"protos": means[present], "present": present}
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_head(client, broadcast["head.weight"], broadcast["head.bias"])
-
-    # ---- server side ----------------------------------------------------------------
     @torch.no_grad()
     def _fit(self, protos: Tensor, labels: Tensor) -> tuple[float, float]:
         logits = self.head(protos)
         acc = float((logits.argmax(1) == labels).float().mean())
         return float(F.cross_entropy(logits, labels)), acc
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         protos, labels, self.class_means, _ = unweighted_class_means(
-            uploads, self.ctx.num_classes, self.ctx.device
+            list(uploads.values()), self.ctx.num_classes, self.ctx.device
         )
-
         loss_before, acc_before = self._fit(protos, labels)
         # Plain SGD keeps no state, so a fresh optimiser per round is exact on resume.
         optimizer = torch.optim.SGD(self.head.parameters(), lr=self.opts.server_lr)
@@ -98,7 +91,9 @@ class FedGH(Algorithm):
             "proto_acc_before": acc_before,
             "proto_acc_after": acc_after,
         }
-        return self._broadcast()
+
+    def message(self) -> Message:
+        return {"head.weight": self.head.weight.detach(), "head.bias": self.head.bias.detach()}
 
     def artifacts(self) -> dict[str, Tensor]:
         out = {
@@ -108,3 +103,6 @@ class FedGH(Algorithm):
         if self.class_means is not None:
             out["global_prototypes"] = self.class_means
         return out
+
+
+FedGH = register(Algorithm("fedgh", FedGHClient, FedGHServer, FedGHOptions, revision=1))

@@ -50,14 +50,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.aggregation import fedavg
-from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.base import Algorithm, Message, RunContext, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     KL_REDUCTIONS,
-    SharedModelMethod,
+    SharedModelClient,
     SharedModelOptions,
+    SharedModelServer,
     client_weights,
     distill_kl,
     nth_draw,
@@ -145,13 +146,16 @@ class FedKDState:
     reference: dict[str, Tensor]  # the mentee weights that server and client both hold
 
 
-@register
-class FedKD(SharedModelMethod):
-    name = "fedkd"
-    Options = FedKDOptions
+def round_energy(opts: FedKDOptions, ctx: RunContext, round_index: int) -> float | None:
+    """The SVD energy threshold T(t) of round t, which server and client both derive; None:
+    no compression."""
+    if not opts.compress:
+        return None
+    return opts.energy_start + (opts.energy_end - opts.energy_start) * round_index / ctx.rounds
+
+
+class FedKDClient(SharedModelClient):
     State = FedKDState
-    revision = 1
-    server_state = ("metrics",)
 
     def init_client(self, client: Client) -> FedKDState:
         mentee = self.new_shared_model(client.facts())
@@ -160,20 +164,11 @@ class FedKD(SharedModelMethod):
         hidden_proj = nth_draw(self.ctx, 0xFED6D, client.index, lambda: nn.Linear(d, d, bias=False))
         return FedKDState(mentee, hidden_proj.to(self.ctx.device), shared_weights(mentee))
 
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        initial = shared_weights(self.new_shared_model(facts[0]))
-        self.shapes = {name: t.shape for name, t in initial.items()}
-        self.dense_bytes = sum(t.numel() * t.element_size() for t in initial.values())
-
     def client_parameters(self, client: Client) -> list[Any]:
         # Parameter groups: the mentee has its own learning rate.
         personal = [*client.model.parameters(), *client.state.hidden_proj.parameters()]
         mentee = list(client.state.shared.parameters())
         return [{"params": personal}, {"params": mentee, "lr": self.opts.mentee_lr}]
-
-    def energy(self, round_index: int) -> float:
-        o = self.opts
-        return o.energy_start + (o.energy_end - o.energy_start) * round_index / self.ctx.rounds
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         mentee = client.state.shared
@@ -199,31 +194,42 @@ class FedKD(SharedModelMethod):
     def clipped_modules(self, client: Client) -> list[nn.Module]:
         return [*super().clipped_modules(client), client.state.hidden_proj]
 
-    def _energy_or_none(self, round_index: int) -> float | None:
-        return self.energy(round_index) if self.opts.compress else None
-
     def upload(self, client: Client) -> Message:
         weights = shared_weights(client.state.shared)
         reference = client.state.reference
         update = {name: weights[name] - ref for name, ref in reference.items()}
-        message = encode_update(update, self._energy_or_none(client.round))
+        message = encode_update(update, round_energy(self.opts, self.ctx, client.round))
         return upload_with_count(client, message, self.opts.weighting)
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        updates = [decode_update(u, self.shapes) for u in uploads]
-        mean = fedavg(updates, client_weights(uploads, self.opts.weighting), list(self.shapes))
-        broadcast = encode_update(mean, self._energy_or_none(round_index))
-        up = sum(message_bytes(u) for u in uploads) / len(uploads)
-        self.metrics = {
-            "svd_energy": self.energy(round_index) if self.opts.compress else 1.0,
-            "upload_ratio": up / self.dense_bytes,
-            "download_ratio": message_bytes(broadcast) / self.dense_bytes,
-        }
-        return broadcast
-
-    def receive(self, client: Client, broadcast: Message) -> None:
+    def receive(self, client: Client, message: Message) -> None:
         reference = client.state.reference
-        update = decode_update(broadcast, {name: ref.shape for name, ref in reference.items()})
+        update = decode_update(message, {name: ref.shape for name, ref in reference.items()})
         for name, delta in update.items():
             reference[name] = reference[name] + delta.to(reference[name].device)
         load_shared_weights(client.state.shared, reference)
+
+
+class FedKDServer(SharedModelServer):
+    server_state = ("metrics",)
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        initial = shared_weights(self.new_shared_model(facts[0]))
+        self.shapes = {name: t.shape for name, t in initial.items()}
+        self.dense_bytes = sum(t.numel() * t.element_size() for t in initial.values())
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        rows = list(uploads.values())
+        updates = [decode_update(u, self.shapes) for u in rows]
+        mean = fedavg(updates, client_weights(rows, self.opts.weighting), list(self.shapes))
+        energy = round_energy(self.opts, self.ctx, round_index)
+        # What message() sends: the mean update, compressed again.
+        self.average = encode_update(mean, energy)
+        up = sum(message_bytes(u) for u in rows) / len(rows)
+        self.metrics = {
+            "svd_energy": 1.0 if energy is None else energy,
+            "upload_ratio": up / self.dense_bytes,
+            "download_ratio": message_bytes(self.average) / self.dense_bytes,
+        }
+
+
+FedKD = register(Algorithm("fedkd", FedKDClient, FedKDServer, FedKDOptions, revision=1))

@@ -47,12 +47,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from fedtsp.algorithms.base import Message, register
-from fedtsp.algorithms.clients import Client, ClientFacts
+from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
-    SharedModelMethod,
+    SharedModelClient,
+    SharedModelHalf,
     SharedModelOptions,
+    SharedModelServer,
     nth_draw,
     set_training,
 )
@@ -88,37 +90,30 @@ class FedMRLState:
     proj_init: dict[str, Tensor] | None  # projector="reset": where it restarts each round
 
 
-@register
-class FedMRL(SharedModelMethod):
-    name = "fedmrl"
-    Options = FedMRLOptions
-    State = FedMRLState
-    revision = 2
+class FedMRLHalf(SharedModelHalf):
+    """Both halves: a shared model ``sub_dim`` wide, which the fused width must hold."""
 
-    def _check_width(self) -> None:
+    def shared_width(self) -> int:
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
         if sub > d:
             raise ValueError(
                 f"sub_dim={sub} is invalid; the coarse representation cannot be wider than the "
                 f"fused one (feature_dim={d})"
             )
+        return sub
+
+
+class FedMRLClient(FedMRLHalf, SharedModelClient):
+    State = FedMRLState
 
     def init_client(self, client: Client) -> FedMRLState:
-        self._check_width()
+        shared = self.new_shared_model(client.facts())  # checks the width first
         d, sub = self.ctx.feature_dim, self.opts.sub_dim
-        shared = self.new_shared_model(client.facts())
         # shared: every client's projector is the stream's first draw; independent: its own.
         n = client.index if self.opts.projector_init == "independent" else 0
         proj = nth_draw(self.ctx, 0x9207, n, lambda: nn.Linear(sub + d, d)).to(self.ctx.device)
         reset = copy.deepcopy(proj.state_dict()) if self.opts.projector == "reset" else None
         return FedMRLState(shared, proj, reset)
-
-    def shared_width(self) -> int:
-        return self.opts.sub_dim
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        self._check_width()
-        super().setup(facts, uploads)
 
     def client_parameters(self, client: Client) -> list[torch.nn.Parameter]:
         personal, proj = client.model.parameters(), client.state.proj.parameters()
@@ -150,3 +145,10 @@ class FedMRL(SharedModelMethod):
 
     def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
         return {}  # no global class representation (see the module docstring)
+
+
+class FedMRLServer(FedMRLHalf, SharedModelServer):
+    """FedAvg of the shared models (their names from a ``sub_dim``-wide one)."""
+
+
+FedMRL = register(Algorithm("fedmrl", FedMRLClient, FedMRLServer, FedMRLOptions, revision=2))

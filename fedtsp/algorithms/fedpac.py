@@ -32,11 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.aggregation import aggregate_prototypes
-from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
+from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.fedavg import FedAvg
-from fedtsp.algorithms.fedbabu import HEAD_PREFIX
-from fedtsp.algorithms.model_messages import average_model_messages, load_head
+from fedtsp.algorithms.model_messages import HEAD_PREFIX, load_head
 from fedtsp.algorithms.options import option
 
 WEIGHT_FLOOR = 1e-3
@@ -102,12 +101,8 @@ def combination_weights(means: Tensor, counts: Tensor, variances: Tensor) -> Ten
     return torch.stack(rows).float()
 
 
-@register
-class FedPAC(FedAvg):
-    name = "fedpac"
-    Options = FedPACOptions
+class FedPACClient(FedAvgClient):
     State = ClassTargets
-    settings = ("pfl",)
 
     def shares(self, key: str) -> bool:
         return not key.startswith(HEAD_PREFIX)  # heads are combined per client, not averaged
@@ -115,13 +110,13 @@ class FedPAC(FedAvg):
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        protos = client.state.targets
-        if protos is None or self.opts.lam == 0:
+        state = client.state
+        if not state.pulls(self.opts.lam):
             return None
-        known = client.state.present[y]
+        known = state.present[y]
         if not bool(known.any()):
             return None
-        return self.opts.lam * F.mse_loss(feats[known].float(), protos[y[known]])
+        return self.opts.lam * F.mse_loss(feats[known].float(), state.targets[y[known]])
 
     def upload(self, client: Client) -> Message:
         means, counts, variance = feature_statistics(client)
@@ -134,33 +129,37 @@ class FedPAC(FedAvg):
             "head_bias": head.bias.detach().float(),
         }
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        means = torch.stack([u["protos"] for u in uploads])
-        counts = torch.stack([u["counts"] for u in uploads])
+    def receive(self, client: Client, message: Message) -> None:
+        super().receive(client, message)
+        if "global_protos" not in message:  # round 0: only the common starting model
+            return
+        client.state.take(message, "global_protos", "global_present", client.device)
+        i = client.index
+        load_head(client, message["heads_weight"][i], message["heads_bias"][i])
+
+
+class FedPACServer(FedAvgServer):
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        super().aggregate(round_index, uploads)
+        rows = list(uploads.values())
+        means = torch.stack([u["protos"] for u in rows])
+        counts = torch.stack([u["counts"] for u in rows])
         protos, present = aggregate_prototypes(list(means), list(counts), "samples")
-        weights = combination_weights(means, counts, torch.stack([u["variance"] for u in uploads]))
-        self.last_weights = weights
-        heads_w = torch.stack([u["head_weight"] for u in uploads])
-        heads_b = torch.stack([u["head_bias"] for u in uploads])
+        weights = combination_weights(means, counts, torch.stack([u["variance"] for u in rows]))
+        heads_w = torch.stack([u["head_weight"] for u in rows])
+        heads_b = torch.stack([u["head_bias"] for u in rows])
         w = weights.to(heads_w.device)
-        return average_model_messages(uploads) | {
+        self.combined = {
             "global_protos": protos,
             "global_present": present,
             "heads_weight": torch.einsum("ij,jcd->icd", w, heads_w),
             "heads_bias": w @ heads_b,
         }
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        super().receive(client, broadcast)
-        if "global_protos" not in broadcast:  # round 0: only the common starting model
-            return
-        client.state.take(broadcast, "global_protos", "global_present", client.device)
-        i = client.index
-        load_head(client, broadcast["heads_weight"][i], broadcast["heads_bias"][i])
-
-    def round_metrics(self) -> dict[str, float]:
-        w = getattr(self, "last_weights", None)
-        if w is None:
-            return {}
         # How much each client leans on the others' heads (0: only its own).
-        return {"head_weight_on_others": float(1 - w.diagonal().mean())}
+        self.metrics = {"head_weight_on_others": float(1 - weights.diagonal().mean())}
+
+    def message(self) -> Message:
+        return super().message() | self.combined
+
+
+FedPAC = register(Algorithm("fedpac", FedPACClient, FedPACServer, FedPACOptions, settings=("pfl",)))

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fedtsp.algorithms.aggregation import WEIGHTINGS
-from fedtsp.algorithms.base import ClassTargets, Message, register
+from fedtsp.algorithms.base import Algorithm, ClassTargets, ClientHalf, Message, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.fedproto import FedProto
 from fedtsp.algorithms.options import option
+from fedtsp.algorithms.prototypes import PrototypeAverage
 
 
 @dataclass
@@ -51,15 +51,8 @@ class FedPCLState(ClassTargets):
     own_present: Tensor | None = None
 
 
-@register
-class FedPCL(FedProto):
-    """FedProto's server (class-wise prototype average) with FedPCL's contrastive client side."""
-
-    name = "fedpcl"
-    Options = FedPCLOptions
+class FedPCLClient(ClientHalf):
     State = FedPCLState
-    settings = ("pfl",)
-    revision = 0  # FedProto's revision 1 changed FedProto's defaults, not this method's
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         feats = client.model.features(x)
@@ -83,8 +76,16 @@ class FedPCL(FedProto):
         return prototype_logits(client.model.features(x), protos, present, 1.0).clamp(min=-1e4)
 
     def upload(self, client: Client) -> Message:
-        # A pass after training: this train_loss never calls the recording local_loss.
-        means, counts = client.class_prototypes()
+        means, counts = client.class_prototypes()  # a pass after training
         message = {"protos": means, "counts": counts}
         client.state.own_targets, client.state.own_present = means, counts > 0
         return message
+
+    def receive(self, client: Client, message: Message) -> None:
+        client.state.take(message, "protos", "present", client.device)
+
+
+# FedProto's server (class-wise prototype average) with FedPCL's contrastive client side.
+FedPCL = register(
+    Algorithm("fedpcl", FedPCLClient, PrototypeAverage, FedPCLOptions, settings=("pfl",))
+)

@@ -24,12 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
-from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
+from fedtsp.algorithms.aggregation import WEIGHTINGS
+from fedtsp.algorithms.base import (
+    Algorithm,
+    register,
+)
+from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client
 from fedtsp.algorithms.options import option
-
-EVAL_MODES = ("head", "prototype")
+from fedtsp.algorithms.prototypes import (
+    EVAL_MODES,
+    PrototypeAverage,
+    PrototypeClient,
+    nearest_prototype_logits,
+)
 
 
 @dataclass
@@ -48,36 +55,12 @@ class FedProtoOptions:
     )
 
 
-def nearest_prototype_logits(
-    client: Client, x: Tensor, protos: Tensor, present: Tensor | None = None
-) -> Tensor:
-    """-||f(x) - P_c|| per class (HtFLlib's prototype evaluation); absent classes get -inf."""
-    dist = torch.cdist(client.model.features(x).float(), protos.float())
-    return -dist if present is None else (-dist).masked_fill(~present, float("-inf"))
-
-
-@register
-class FedProto(Algorithm):
-    name = "fedproto"
-    Options = FedProtoOptions
-    State = ClassTargets
-    revision = 2
-    server_state = ("global_protos",)
-
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        self.global_protos: Tensor | None = None
-
-    def local_loss(
-        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
-    ) -> Tensor | None:
-        if self.opts.prototype_source == "training":
-            client.record_class_sums(feats, y)
-        protos, present = client.state.targets, client.state.present
-        if protos is None or self.opts.lam == 0:
-            return None
+class FedProtoClient(PrototypeClient):
+    def pull(self, client: Client, y: Tensor, feats: Tensor) -> Tensor:
+        state = client.state
         # Samples of classes without a global prototype are pulled towards themselves (0).
-        target = torch.where(present[y].unsqueeze(1), protos[y], feats.detach())
-        return self.opts.lam * F.mse_loss(feats, target.to(feats.dtype))
+        target = torch.where(state.present[y].unsqueeze(1), state.targets[y], feats.detach())
+        return F.mse_loss(feats, target.to(feats.dtype))
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
         protos = client.state.targets
@@ -85,20 +68,7 @@ class FedProto(Algorithm):
             return client.model(x)
         return nearest_prototype_logits(client, x, protos, client.state.present)
 
-    def upload(self, client: Client) -> Message:
-        means, counts = client.prototypes(self.opts.prototype_source)
-        return {"protos": means, "counts": counts}
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        protos, present = aggregate_prototypes(
-            [u["protos"] for u in uploads], [u["counts"] for u in uploads], self.opts.weighting
-        )
-        self.global_protos = protos
-        return {"protos": protos, "present": present}
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        client.state.take(broadcast, "protos", "present", client.device)
-
-    def artifacts(self) -> dict[str, Tensor]:
-        protos = self.global_protos
-        return {} if protos is None else {"global_prototypes": protos}
+FedProto = register(
+    Algorithm("fedproto", FedProtoClient, PrototypeAverage, FedProtoOptions, revision=2)
+)

@@ -28,10 +28,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.aggregation import unweighted_class_means
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.base import (
+    Algorithm,
+    ClassTargets,
+    ClientHalf,
+    Message,
+    ServerHalf,
+    register,
+)
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.fedproto import EVAL_MODES, nearest_prototype_logits
 from fedtsp.algorithms.options import option
+from fedtsp.algorithms.prototypes import EVAL_MODES, nearest_prototype_logits
 
 # Which model a client's uploaded class prototypes come from (`prototype_model`).
 PROTOTYPE_MODELS = ("trained", "before_training")
@@ -96,29 +103,15 @@ def _euclidean(a: Tensor, b: Tensor) -> Tensor:
     return sq.clamp(min=1e-12).sqrt()
 
 
-@register
-class FedTGP(Algorithm):
-    name = "fedtgp"
-    Options = FedTGPOptions
+class FedTGPClient(ClientHalf):
     State = FedTGPState
-    server_state = ("generator", "global_protos", "metrics")
 
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        self.generator = TrainablePrototypes(self.ctx.num_classes, self.ctx.feature_dim).to(
-            self.ctx.device
-        )
-        self.global_protos: Tensor | None = None
-        names = ("server_loss_first", "server_loss_last", "margin")
-        self.metrics = dict.fromkeys(names, float("nan"))
-
-    # ---- client side ----------------------------------------------------------------
     def local_loss(
         self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
     ) -> Tensor | None:
-        protos = client.state.targets
-        if protos is None or self.opts.lam == 0:
+        if not client.state.pulls(self.opts.lam):
             return None
-        return self.opts.lam * F.mse_loss(feats, protos[y].to(feats.dtype))
+        return self.opts.lam * F.mse_loss(feats, client.state.targets[y].to(feats.dtype))
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
         protos = client.state.targets
@@ -137,13 +130,24 @@ class FedTGP(Algorithm):
         present = counts > 0
         return {"protos": means[present], "present": present}
 
-    def receive(self, client: Client, broadcast: Message) -> None:
-        client.state.take(broadcast, "protos", None, client.device)
+    def receive(self, client: Client, message: Message) -> None:
+        client.state.take(message, "protos", None, client.device)
 
-    # ---- server side ----------------------------------------------------------------
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+
+class FedTGPServer(ServerHalf):
+    server_state = ("generator", "global_protos", "metrics")
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        self.generator = TrainablePrototypes(self.ctx.num_classes, self.ctx.feature_dim).to(
+            self.ctx.device
+        )
+        self.global_protos: Tensor | None = None
+        names = ("server_loss_first", "server_loss_last", "margin")
+        self.metrics = dict.fromkeys(names, float("nan"))
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         protos, labels, means, held = unweighted_class_means(
-            uploads, self.ctx.num_classes, self.ctx.device
+            list(uploads.values()), self.ctx.num_classes, self.ctx.device
         )
         margin = adaptive_margin(means, held > 0, self.opts.margin_cap)
 
@@ -173,7 +177,12 @@ class FedTGP(Algorithm):
         self.generator.eval()
         with torch.no_grad():
             self.global_protos = self.generator().detach()
+
+    def message(self) -> Message:
         return {"protos": self.global_protos}
 
     def artifacts(self) -> dict[str, Tensor]:
         return {} if self.global_protos is None else {"global_prototypes": self.global_protos}
+
+
+FedTGP = register(Algorithm("fedtgp", FedTGPClient, FedTGPServer, FedTGPOptions))

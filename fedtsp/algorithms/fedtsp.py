@@ -49,6 +49,7 @@ adds one fixed Gaussian tensor of that std, no clipping, no guarantee.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,10 +58,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_prototypes
-from fedtsp.algorithms.alignfed import AlignFedOptions, uniform_anchors
-from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
+from fedtsp.algorithms.aggregation import WEIGHTINGS, aggregate_uploads
+from fedtsp.algorithms.base import (
+    Algorithm,
+    ClassTargets,
+    Message,
+    RunContext,
+    ServerHalf,
+    register,
+)
 from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client, ClientFacts
+from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
@@ -69,6 +77,7 @@ from fedtsp.algorithms.model_messages import (
 )
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
+from fedtsp.algorithms.prototypes import PrototypeClient, uniform_anchors
 from fedtsp.models.prompts import (
     PROMPT_POSITIONS,
     PromptLearner,
@@ -210,34 +219,43 @@ class FedTSPState(ClassTargets):
     logit_scale: Tensor | None = None
 
 
-@register
-class FedTSP(Algorithm):
-    name = "fedtsp"
-    Options = FedTSPOptions
+def _dataset_default(ctx: RunContext, value: int | None, small: int, large: int) -> int:
+    if value is not None:
+        return value
+    return small if ctx.dataset in _SMALL_LABEL_SETS else large
+
+
+def context_tokens(opts: FedTSPOptions, ctx: RunContext) -> int:
+    """m, the context vectors per class (0 without trainable prompts)."""
+    if not opts.trainable_prompts:
+        return 0
+    return _dataset_default(ctx, opts.prompt_tokens, 1, 10)
+
+
+def class_prompts(
+    opts: FedTSPOptions, ctx: RunContext, encoder: TextEncoder, n_ctx: int
+) -> list[list[str]]:
+    """Prompts per class; description files are validated against the encoder first.
+
+    Every prompt must fit the encoder's context with the n_ctx prompt vectors added:
+    a too-long description is an error naming file, class and description, never a
+    silent truncation.
+    """
+    if opts.description_set is None and opts.prompts == "manual":
+        return handcrafted_prompts(ctx.class_names)
+    if opts.description_set is not None:
+        path = resolve_description_set(opts.description_set)
+    else:
+        path = description_set_path(ctx.dataset, opts.prompts)
+    checked = validate_descriptions(
+        path, ctx.class_names, k=None, tokenizer=encoder, reserved_tokens=n_ctx
+    )
+    return checked.prompts
+
+
+class FedTSPClient(PrototypeClient):
     State = FedTSPState
-    settings = ("htfl", "gfl")
     start_from = "model"  # homogeneous settings: one common starting model
-
-    @classmethod
-    def key_revision(cls, algo_options: dict[str, Any]) -> int:
-        # Only prototype_source="training" changed (see the module docstring).
-        return 1 if algo_options.get("prototype_source") == "training" else 0
-
-    @classmethod
-    def required_feature_dim(cls, options: FedTSPOptions) -> int:
-
-        return text_encoder_width(options.text_encoder)
-
-    def _dataset_default(self, value: int | None, small: int, large: int) -> int:
-        if value is not None:
-            return value
-        return small if self.ctx.dataset in _SMALL_LABEL_SETS else large
-
-    def _context_tokens(self) -> int:
-        """m, the context vectors per class (0 without trainable prompts)."""
-        if not self.opts.trainable_prompts:
-            return 0
-        return self._dataset_default(self.opts.prompt_tokens, 1, 10)
 
     def setup_upload(self, client: Client) -> Message:
         upload = super().setup_upload(client) if self.ctx.homogeneous else {}
@@ -246,16 +264,15 @@ class FedTSP(Algorithm):
         return upload
 
     def _private_descriptions(self, client: Client) -> Message:
-        """The selected client's one-time private upload (client half, Sec. 3.5): its class
-        prompts as token embeddings, each sequence clipped and noised, with the lengths the
-        server needs to run the encoder. The slots the server's context vectors overwrite
-        are sent as zeros (with ``overwrite_first`` they hold real words); padding holds
-        the public pad token."""
-        opts, n_ctx = self.opts, self._context_tokens()
+        """The selected client's one-time private upload (Sec. 3.5): its class prompts as
+        token embeddings, each sequence clipped and noised, with the lengths the server
+        needs to run the encoder. The slots the server's context vectors overwrite are sent
+        as zeros (with ``overwrite_first`` they hold real words); padding holds the public
+        pad token."""
+        opts, n_ctx = self.opts, context_tokens(self.opts, self.ctx)
         encoder = _text_encoder(opts, client.device)
-        sequences = embed_prompts(
-            encoder, self._class_prompts(encoder, n_ctx), n_ctx, opts.prompt_position
-        )
+        prompts = class_prompts(opts, self.ctx, encoder, n_ctx)
+        sequences = embed_prompts(encoder, prompts, n_ctx, opts.prompt_position)
         start, _ = prompt_layout(opts.prompt_position, n_ctx)
         keep = sequences.mask().bool()
         keep[:, start : start + n_ctx] = False
@@ -274,43 +291,62 @@ class FedTSP(Algorithm):
             "dp_counts": torch.tensor(sequences.counts),
         }
 
+    def pull(self, client: Client, y: Tensor, feats: Tensor) -> Tensor:
+        state = client.state
+        sims = F.normalize(feats.float(), dim=1) @ state.targets.T  # unit-norm text rows
+        return F.cross_entropy(state.logit_scale.exp() * sims, y)
+
+    def upload(self, client: Client) -> Message:
+        upload = super().upload(client)
+        if self.ctx.homogeneous:
+            return with_sample_count(client, upload | model_message(client.model))
+        return upload
+
+    def receive(self, client: Client, message: Message) -> None:
+        load_model_message(client.model, message)  # homogeneous settings only
+        client.state.targets = F.normalize(message["text_protos"], dim=1).to(client.device)
+        client.state.logit_scale = message["logit_scale"].to(client.device)
+
+
+class FedTSPServer(ServerHalf):
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
-        opts = self.opts
-        if opts.dp_client >= self.ctx.num_clients:
+        opts, ctx = self.opts, self.ctx
+        if opts.dp_client >= ctx.num_clients:
             raise ValueError(
                 f"dp_client={opts.dp_client} is invalid; the run has clients "
-                f"0..{self.ctx.num_clients - 1}"
+                f"0..{ctx.num_clients - 1}"
             )
-        encoder = _text_encoder(opts, self.ctx.device)
-        n_ctx = self._context_tokens()
+        encoder = _text_encoder(opts, ctx.device)
+        n_ctx = context_tokens(opts, ctx)
         if opts.dp_epsilon is not None:  # the server never sees the descriptions' text
             upload = uploads[opts.dp_client]
             prompts: list[list[str]] | PromptSequences = PromptSequences(
-                upload["dp_embeddings"].to(self.ctx.device),
-                upload["dp_lengths"].to(self.ctx.device),
+                upload["dp_embeddings"].to(ctx.device),
+                upload["dp_lengths"].to(ctx.device),
                 upload["dp_counts"].tolist(),
             )
         else:
-            prompts = self._class_prompts(encoder, n_ctx)
+            prompts = class_prompts(opts, ctx, encoder, n_ctx)
         self.server_epochs = (
-            self._dataset_default(opts.server_epochs, 1, 20) if opts.trainable_prompts else 0
+            _dataset_default(ctx, opts.server_epochs, 1, 20) if opts.trainable_prompts else 0
         )
         self.learner = PromptLearner(
             encoder, prompts, n_ctx=n_ctx, position=opts.prompt_position
-        ).to(self.ctx.device)
+        ).to(ctx.device)
         if opts.dp_noise_std is not None:
             # The authors' code: the server itself noises the clean embeddings it computed.
-            generator = _noise_generator(self.ctx.seed, opts.dp_client)
+            generator = _noise_generator(ctx.seed, opts.dp_client)
             noisy = add_fixed_noise(self.learner.token_embeddings, opts.dp_noise_std, generator)
             self.learner.set_token_embeddings(noisy)
         self.control = None if opts.targets == "text" else self._control_targets()
         trainable = [p for p in self.learner.parameters() if p.requires_grad]
         self.optimizer = torch.optim.SGD(trainable, lr=opts.server_lr) if trainable else None
         self.last_server_loss = float("nan")
-        if self.ctx.homogeneous:  # one common starting model: client 0's initial weights
+        self.image_protos: Tensor | None = None
+        if ctx.homogeneous:  # one common starting model: client 0's initial weights
             start = {k: v for k, v in uploads[0].items() if not k.startswith("dp_")}
-            return self._broadcast() | start
-        return self._broadcast()
+            return self._text_message() | start
+        return self._text_message()
 
     def _control_targets(self) -> Tensor:
         """The fixed targets of a semantic control, drawn from the run's seed."""
@@ -328,33 +364,11 @@ class FedTSP(Algorithm):
             out = torch.empty_like(text)
             out[order] = text[order.roll(-1)]
             return out
-        defaults = AlignFedOptions()
         with torch.random.fork_rng():
             torch.manual_seed(seed)
-            return uniform_anchors(
-                count, width, defaults.anchor_iters, defaults.anchor_lr, defaults.anchor_tau
-            )
+            return uniform_anchors(count, width)
 
-    def _class_prompts(self, encoder: Any, n_ctx: int) -> list[list[str]]:
-        """Prompts per class; description files are validated against the encoder first.
-
-        Every prompt must fit the encoder's context with the n_ctx prompt vectors added:
-        a too-long description is an error naming file, class and description, never a
-        silent truncation.
-        """
-        names = self.ctx.class_names
-        if self.opts.description_set is None and self.opts.prompts == "manual":
-            return handcrafted_prompts(names)
-        if self.opts.description_set is not None:
-            path = resolve_description_set(self.opts.description_set)
-        else:
-            path = description_set_path(self.ctx.dataset, self.opts.prompts)
-        checked = validate_descriptions(
-            path, names, k=None, tokenizer=encoder, reserved_tokens=n_ctx
-        )
-        return checked.prompts
-
-    def _broadcast(self) -> Message:
+    def _text_message(self) -> Message:
         tuning = self.optimizer is not None and self.server_epochs > 0
         with torch.set_grad_enabled(tuning):
             protos = self.learner() if self.control is None else self.control.to(self.ctx.device)
@@ -365,37 +379,9 @@ class FedTSP(Algorithm):
         self.text_protos = protos.detach().float()
         return {"text_protos": self.text_protos, "logit_scale": self.learner.logit_scale.detach()}
 
-    # ---- client side ----------------------------------------------------------------
-    def local_loss(
-        self, client: Client, x: Tensor, y: Tensor, feats: Tensor, logits: Tensor
-    ) -> Tensor | None:
-        if self.opts.prototype_source == "training":
-            client.record_class_sums(feats, y)
-        text = client.state.targets
-        if text is None or self.opts.lam == 0:
-            return None
-        sims = F.normalize(feats.float(), dim=1) @ text.T  # text rows are unit-norm already
-        return self.opts.lam * F.cross_entropy(client.state.logit_scale.exp() * sims, y)
-
-    def upload(self, client: Client) -> Message:
-        means, counts = client.prototypes(self.opts.prototype_source)
-        if self.ctx.homogeneous:
-            return with_sample_count(
-                client, {"protos": means, "counts": counts} | model_message(client.model)
-            )
-        return {"protos": means, "counts": counts}
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_model_message(client.model, broadcast)  # homogeneous settings only
-        client.state.targets = F.normalize(broadcast["text_protos"], dim=1).to(client.device)
-        client.state.logit_scale = broadcast["logit_scale"].to(client.device)
-
-    # ---- server side ----------------------------------------------------------------
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         opts = self.opts
-        image_protos, present = aggregate_prototypes(
-            [u["protos"] for u in uploads], [u["counts"] for u in uploads], self.opts.weighting
-        )
+        image_protos, present = aggregate_uploads(uploads, "protos", opts.weighting)
         self.image_protos = image_protos
         if self.optimizer is not None and self.server_epochs > 0 and int(present.sum()) > 1:
             target = F.normalize(image_protos[present].to(self.ctx.device), dim=1)
@@ -415,18 +401,18 @@ class FedTSP(Algorithm):
                 self.optimizer.step()
             self.last_server_loss = float(loss.detach())
         if self.ctx.homogeneous:
-            return self._broadcast() | average_model_messages(uploads)
-        return self._broadcast()
+            self.average = average_model_messages(list(uploads.values()))
+
+    def message(self) -> Message:
+        text = self._text_message()
+        return text | self.average if self.ctx.homogeneous else text
 
     def round_metrics(self) -> dict[str, float]:
-        return {
-            "server_loss": self.last_server_loss,
-            "tau": self.learner.tau,
-        }
+        return {"server_loss": self.last_server_loss, "tau": self.learner.tau}
 
     def artifacts(self) -> dict[str, Tensor]:
         out = {"global_prototypes": self.text_protos}
-        if getattr(self, "image_protos", None) is not None:
+        if self.image_protos is not None:
             out["image_prototypes"] = self.image_protos
         return out
 
@@ -437,7 +423,7 @@ class FedTSP(Algorithm):
             },
             "optimizer": self.optimizer.state_dict() if self.optimizer else None,
             "last_server_loss": self.last_server_loss,
-            "image_protos": getattr(self, "image_protos", None),
+            "image_protos": self.image_protos,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -446,4 +432,48 @@ class FedTSP(Algorithm):
             self.optimizer.load_state_dict(state["optimizer"])
         self.last_server_loss = state["last_server_loss"]
         self.image_protos = state["image_protos"]
-        self._broadcast()
+        self._text_message()
+
+
+def _revision(algo_options: dict[str, Any]) -> int:
+    # Only prototype_source="training" changed (see the module docstring).
+    return 1 if algo_options.get("prototype_source") == "training" else 0
+
+
+def _feature_width(options: FedTSPOptions) -> int:
+    return text_encoder_width(options.text_encoder)  # image features meet text prototypes
+
+
+FedTSP = register(
+    Algorithm(
+        "fedtsp",
+        FedTSPClient,
+        FedTSPServer,
+        FedTSPOptions,
+        settings=("htfl", "gfl"),
+        revision_of=_revision,
+        feature_width=_feature_width,
+    )
+)
+
+
+@dataclass
+class FedTSPFTOptions(FineTuneOptions, FedTSPOptions):
+    pass
+
+
+@dataclass
+class FedTSPFTState(FedTSPState, FineTuned):
+    pass
+
+
+class FedTSPFTClient(HeadFineTuning, FedTSPClient):
+    State = FedTSPFTState
+
+
+# FedTSP with FedAvg of the whole model (its GFL form), then head fine-tuning (``fedtsp.algorithms.finetune``).
+FedTSPFT = register(
+    dataclasses.replace(
+        FedTSP, name="fedtsp-ft", Client=FedTSPFTClient, Options=FedTSPFTOptions, settings=("pfl",)
+    )
+)

@@ -1,5 +1,6 @@
-"""The "-FT" personalisation of the model-homogeneous PFL setting (Table 3), and the methods
-that use it: FedAvg-FT, FedBABU-FT, FedFA-FT and FedTSP-FT.
+"""The "-FT" personalisation of the model-homogeneous PFL setting (Table 3), which FedAvg-FT,
+FedBABU-FT, FedFA-FT, FedTSP-FT and FedETF-Per add to their base method's client half (each
+registered in its base method's file).
 
 A "-FT" method trains exactly as its base method does (the same uploads, server step and
 broadcast). Before each evaluation every client takes the global model it holds, fine-tunes
@@ -17,19 +18,14 @@ summary's ``best_pfl_acc``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.base import register
+from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.fedavg import FedAvg
-from fedtsp.algorithms.fedbabu import FedBABU
-from fedtsp.algorithms.fedfa import FedFA, FedFAOptions
-from fedtsp.algorithms.fedtsp import FedTSP, FedTSPOptions
 from fedtsp.algorithms.options import option
 
 _FT_TAG = 0xF7
@@ -44,21 +40,21 @@ class FineTuneOptions:
     ft_batch_size: int = option(100, "batch size of the head fine-tuning", ">= 1")
 
 
-class HeadFineTuning:
-    """Mixin (put it first): fine-tune a copy of the head before each client's evaluation.
+@dataclass
+class FineTuned:
+    """A "-FT" client's state adds the head it fine-tuned for the coming evaluation
+    (recomputed at every evaluation; checkpointed with the rest of the state)."""
+
+    ft_head: tuple[Tensor, Tensor] | None = None
+
+
+class HeadFineTuning(ClientHalf):
+    """Client-half mixin (put it first; its State must include ``FineTuned``): fine-tune a
+    copy of the head before each evaluation.
 
     Subclasses may override ``ft_features`` (what the head reads) and ``ft_initial_head``
     (where fine-tuning starts); the defaults are the model's features and its own head.
     """
-
-    settings = ("pfl",)
-    opts: Any
-    ctx: Any
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # Transient: recomputed at every evaluation, so never checkpointed.
-        self._ft_heads: dict[int, tuple[Tensor, Tensor]] = {}
 
     def ft_features(self, client: Client, x: Tensor) -> Tensor:
         return client.model.features(x)
@@ -86,49 +82,8 @@ class HeadFineTuning:
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
-        self._ft_heads[client.index] = (weight.detach(), bias.detach())
+        client.state.ft_head = (weight.detach(), bias.detach())
 
     def predict(self, client: Client, x: Tensor) -> Tensor:
-        weight, bias = self._ft_heads[client.index]
+        weight, bias = client.state.ft_head
         return F.linear(self.ft_features(client, x).float(), weight, bias)
-
-
-@register
-class FedAvgFT(HeadFineTuning, FedAvg):
-    """FedAvg, then each client fine-tunes the global model's head (FedAvg-FT)."""
-
-    name = "fedavg-ft"
-    Options = FineTuneOptions
-
-
-@register
-class FedBABUFT(HeadFineTuning, FedBABU):
-    """FedBABU, then each client fine-tunes the frozen random head (the paper's personalisation,
-    restricted to the head)."""
-
-    name = "fedbabu-ft"
-    Options = FineTuneOptions
-
-
-@dataclass
-class FedFAFTOptions(FineTuneOptions, FedFAOptions):
-    pass
-
-
-@register
-class FedFAFT(HeadFineTuning, FedFA):
-    name = "fedfa-ft"
-    Options = FedFAFTOptions
-
-
-@dataclass
-class FedTSPFTOptions(FineTuneOptions, FedTSPOptions):
-    pass
-
-
-@register
-class FedTSPFT(HeadFineTuning, FedTSP):
-    """FedTSP with FedAvg of the whole model (its GFL form), then head fine-tuning."""
-
-    name = "fedtsp-ft"
-    Options = FedTSPFTOptions

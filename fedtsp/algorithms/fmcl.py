@@ -5,7 +5,7 @@ Each client embeds its training images once with a frozen image encoder
 embedding and the sample count of every class it holds (`fedtsp.algorithms.clustering.signatures`).
 The server computes client-to-client distances over shared classes, clusters the clients
 once (`fedtsp.algorithms.clustering.oneshot`) and runs FedAvg inside each cluster from then on
-(`fedtsp.algorithms.clusters`). Nothing else is communicated; the signature's bytes count
+(`fedtsp.algorithms.clustering.halves`). Nothing else is communicated; the signature's bytes count
 in round 0's upload. FMCL has no public code: every choice its description leaves open is
 an option below, defaults documented in the modules named.
 """
@@ -18,8 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client
+from fedtsp.algorithms.clustering.halves import (
+    ClusteredClient,
+    ClusteredServer,
+    ClusteringFields,
+    jsonable,
+)
 from fedtsp.algorithms.clustering.oneshot import cluster_clients
 from fedtsp.algorithms.clustering.signatures import (
     ClientSignature,
@@ -28,7 +34,6 @@ from fedtsp.algorithms.clustering.signatures import (
     client_signature,
     signature_distances,
 )
-from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
 from fedtsp.algorithms.options import option
 from fedtsp.core.environment import cache_root
 from fedtsp.data import pixels
@@ -75,12 +80,9 @@ def frozen_encoder(name: str, input_size: int | None, device: str) -> FrozenImag
     return create_image_encoder(name, input_size=input_size, device=device)
 
 
-@register
-class FMCL(ClusteredFedAvg):
-    name = "fmcl"
-    Options = FMCLOptions
+class FMCLClient(ClusteredClient):
+    """Sends its signature with its first upload."""
 
-    # ---- client half: the signature -------------------------------------------------
     def extra_upload(self, client: Client) -> dict[str, torch.Tensor]:
         o = self.opts
         encoder = frozen_encoder(o.encoder, o.input_size, str(client.device))
@@ -95,7 +97,10 @@ class FMCL(ClusteredFedAvg):
             "signature.counts": torch.from_numpy(sig.counts.astype(np.int32)),
         }
 
-    # ---- server half: distances and clusters ----------------------------------------
+
+class FMCLServer(ClusteredServer):
+    """Clusters the clients once, from their signatures' distances."""
+
     def cluster_from(self, uploads: dict[int, Message]) -> np.ndarray:
         signatures = []
         for i in sorted(uploads):
@@ -108,3 +113,6 @@ class FMCL(ClusteredFedAvg):
         labels, info = cluster_clients(distances, self.opts.clustering(), self.ctx.seed)
         self.diagnostics = jsonable(info | {"distances": distances})
         return labels
+
+
+FMCL = register(Algorithm("fmcl", FMCLClient, FMCLServer, FMCLOptions, settings=("pfl",)))

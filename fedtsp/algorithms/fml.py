@@ -31,13 +31,14 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from fedtsp.algorithms.base import register
+from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     KL_REDUCTIONS,
-    SharedModelMethod,
+    SharedModelClient,
     SharedModelOptions,
+    SharedModelServer,
     distill_kl,
     set_training,
 )
@@ -71,15 +72,8 @@ class FMLState:
     shared: ClientModel  # the meme model: this client's copy of the one shared model
 
 
-@register
-class FML(SharedModelMethod):
-    name = "fml"
-    Options = FMLOptions
+class FMLClient(SharedModelClient):
     State = FMLState
-    revision = 2
-
-    def init_client(self, client: Client) -> FMLState:
-        return FMLState(self.new_shared_model(client.facts()))
 
     def train_loss(self, client: Client, x: Tensor, y: Tensor) -> Tensor:
         o = self.opts
@@ -98,3 +92,6 @@ class FML(SharedModelMethod):
         personal = a * F.cross_entropy(personal_logits, y) + (1 - a) * kl_personal
         shared = b * F.cross_entropy(meme_logits, y) + (1 - b) * kl_meme
         return personal + shared
+
+
+FML = register(Algorithm("fml", FMLClient, SharedModelServer, FMLOptions, revision=2))

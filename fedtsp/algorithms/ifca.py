@@ -17,9 +17,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.clusters import ClusteredFedAvg
+from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
@@ -66,12 +66,22 @@ def training_loss(client: Client, batch_size: int = 1000) -> float:
     return total / max(client.num_train, 1)
 
 
-@register
-class IFCA(ClusteredFedAvg):
-    name = "ifca"
-    Options = IFCAOptions
+class IFCAClient(ClusteredClient):
+    def receive(self, client: Client, message: Message) -> None:
+        losses = []
+        for j in range(self.opts.num_clusters):
+            load_model_message(client.model, _model_of(message, j))
+            losses.append(training_loss(client))
+        pick = int(ifca_assign(np.array([losses]))[0])
+        load_model_message(client.model, _model_of(message, pick))
+        client.state.cluster = pick
 
-    # ---- server half -------------------------------------------------------------------
+    def upload(self, client: Client) -> Message:
+        message = with_sample_count(client, model_message(client.model))
+        return message | {PICK_KEY: torch.tensor(client.state.cluster, dtype=torch.int64)}
+
+
+class IFCAServer(ClusteredServer):
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         super().setup(facts, uploads)
         first, ctx = facts[0], self.ctx
@@ -85,7 +95,7 @@ class IFCA(ClusteredFedAvg):
                     image_size=first.image_size,
                 ).to(ctx.device)
             self.models[j] = model_message(model)
-        return self._all_models()
+        return self.message()
 
     def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         self.assignment = np.array([int(uploads[i][PICK_KEY]) for i in sorted(uploads)])
@@ -94,25 +104,14 @@ class IFCA(ClusteredFedAvg):
             if members:
                 self.models[j] = average_model_messages(members)
 
-    def _all_models(self) -> Message:
+    def message(self) -> Message:
         return {_tag(j) + k: v for j, model in self.models.items() for k, v in model.items()}
 
     def configure(self, round_index: int, client_ids: list[int]) -> dict[int, Message]:
-        return dict.fromkeys(client_ids, self._all_models())  # K models down
+        return dict.fromkeys(client_ids, self.message())  # K models down, the same to all
 
     def round_metrics(self) -> dict[str, Any]:
         return super().round_metrics() | {"assignment": self.assignment.tolist()}
 
-    # ---- client half ---------------------------------------------------------------------
-    def receive(self, client: Client, broadcast: Message) -> None:
-        losses = []
-        for j in range(self.opts.num_clusters):
-            load_model_message(client.model, _model_of(broadcast, j))
-            losses.append(training_loss(client))
-        pick = int(ifca_assign(np.array([losses]))[0])
-        load_model_message(client.model, _model_of(broadcast, pick))
-        client.state.cluster = pick
 
-    def upload(self, client: Client) -> Message:
-        message = with_sample_count(client, model_message(client.model))
-        return message | {PICK_KEY: torch.tensor(client.state.cluster, dtype=torch.int64)}
+IFCA = register(Algorithm("ifca", IFCAClient, IFCAServer, IFCAOptions, settings=("pfl",)))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from fedtsp.algorithms.base import Algorithm, Message, register
+from fedtsp.algorithms.base import Algorithm, ClientHalf, Message, ServerHalf, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
@@ -24,26 +24,32 @@ from fedtsp.algorithms.model_messages import (
 )
 
 
-@register
-class LGFedAvg(Algorithm):
-    name = "lg-fedavg"
+class LGFedAvgClient(ClientHalf):
     start_from = "head"  # one common starting head, as the authors' server sends in round 0
+
+    def upload(self, client: Client) -> Message:
+        return with_sample_count(client, head_message(client.model))
+
+    def receive(self, client: Client, message: Message) -> None:
+        load_model_message(client.model, message)
+
+
+class LGFedAvgServer(ServerHalf):
     server_state = ("global_head",)
 
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         self.global_head = uploads[0]
         return self.global_head
 
-    def upload(self, client: Client) -> Message:
-        return with_sample_count(client, head_message(client.model))
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        self.global_head = average_model_messages(list(uploads.values()))
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        self.global_head = average_model_messages(uploads)
+    def message(self) -> Message:
         return self.global_head
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_model_message(client.model, broadcast)
 
     def artifacts(self) -> dict[str, Tensor]:
         weight, bias = message_head(self.global_head)
         return {"global_head": weight, "global_head_bias": bias}
+
+
+LGFedAvg = register(Algorithm("lg-fedavg", LGFedAvgClient, LGFedAvgServer))

@@ -5,9 +5,7 @@ The lower bound of every table: it shows what federation adds.
 
 from __future__ import annotations
 
-from fedtsp.algorithms.base import Algorithm, register
+from fedtsp.algorithms.base import Algorithm, ClientHalf, ServerHalf, register
 
-
-@register
-class Local(Algorithm):
-    name = "local"
+# Both halves are the defaults: local training, nothing sent.
+Local = register(Algorithm("local", ClientHalf, ServerHalf))

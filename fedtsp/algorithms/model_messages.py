@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 Message = dict[str, Tensor]
 MODEL_PREFIX = "model."
+HEAD_PREFIX = "head."  # state keys of a model's classifier
 HEAD_KEYS = ("model.head.weight", "model.head.bias")
 SAMPLES_KEY = "num_samples"  # a client's train size, its weight in a sample-weighted mean
 

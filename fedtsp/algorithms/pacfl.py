@@ -22,20 +22,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from fedtsp.algorithms.base import Message, register
+from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client
+from fedtsp.algorithms.clustering.halves import (
+    ClusteredClient,
+    ClusteredServer,
+    ClusteringFields,
+    jsonable,
+)
 from fedtsp.algorithms.clustering.oneshot import cluster_clients
 from fedtsp.algorithms.clustering.subspaces import (
     ANGLE_STATISTICS,
     data_subspace,
     subspace_distances,
 )
-from fedtsp.algorithms.clusters import ClusteredFedAvg, ClusteringFields, jsonable
 from fedtsp.algorithms.options import option
 from fedtsp.data import pixels
 
@@ -56,25 +60,24 @@ class PACFLOptions(ClusteringFields):
     )
 
 
-@register
-class PACFL(ClusteredFedAvg):
-    name = "pacfl"
-    Options = PACFLOptions
-
-    @classmethod
-    def key_revision(cls, algo_options: dict[str, Any]) -> int:
-        # Revision 1: the defaults became PACFL's own threshold rule (was FMCL's silhouette).
-        return 1
-
+class PACFLClient(ClusteredClient):
     def extra_upload(self, client: Client) -> dict[str, torch.Tensor]:
         images = pixels(client.train_x).cpu().numpy()
         labels = client.train_y.cpu().numpy()
         basis = data_subspace(images, labels, self.opts.rank, self.opts.per_class)
         return {"subspace": torch.from_numpy(basis.astype(np.float32))}
 
+
+class PACFLServer(ClusteredServer):
     def cluster_from(self, uploads: dict[int, Message]) -> np.ndarray:
         bases = [uploads[i]["subspace"].cpu().double().numpy() for i in sorted(uploads)]
         distances = subspace_distances(bases, self.opts.angle_statistic)
         labels, info = cluster_clients(distances, self.opts.clustering(), self.ctx.seed)
         self.diagnostics = jsonable(info | {"distances": distances})
         return labels
+
+
+# Revision 1: the defaults became PACFL's own threshold rule (was FMCL's silhouette).
+PACFL = register(
+    Algorithm("pacfl", PACFLClient, PACFLServer, PACFLOptions, settings=("pfl",), revision=1)
+)

@@ -1,5 +1,6 @@
 """The small homogeneous model that FML, FedKD and FedMRL share across clients, and the part of
-those methods that handles it (`SharedModelMethod`, their common base; not an algorithm).
+those methods that handles it (`SharedModelClient` and `SharedModelServer`, the halves they
+build on; this module registers no algorithm).
 
 Each client keeps, beside its heterogeneous personal model, its own copy of one small model of
 a common architecture in its state (``shared``); the server averages the copies (FedAvg) and
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from fedtsp.algorithms.aggregation import WEIGHTINGS, fedavg, normalized_weights
-from fedtsp.algorithms.base import Algorithm, Message, RunContext
+from fedtsp.algorithms.base import ClientHalf, Half, Message, RunContext, ServerHalf
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
 from fedtsp.algorithms.options import option
@@ -180,10 +181,8 @@ def class_mean_features(
     return (sums.double().cpu() / counts.clamp(min=1).unsqueeze(1)).float()
 
 
-class SharedModelMethod(Algorithm):
-    """Each client trains its own model and its copy of the shared model (``state.shared``);
-    the copies travel and are averaged (FedAvg, by ``weighting``); every client loads the
-    average in place. Subclasses add how the two models learn together."""
+class SharedModelHalf(Half):
+    """What both halves build: the shared model, from the options and the run context."""
 
     def shared_width(self) -> int | None:
         """The shared model's feature width (None: the run's feature_dim)."""
@@ -193,9 +192,15 @@ class SharedModelMethod(Algorithm):
         """The shared model, identical on every call (built under one seed)."""
         return build_shared_model(self.ctx, self.opts.shared_arch, facts, self.shared_width())
 
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
-        # Every copy starts identical, so nothing is sent; the server needs only the names.
-        self.keys = list(shared_weights(self.new_shared_model(facts[0])))
+
+class SharedModelClient(SharedModelHalf, ClientHalf):
+    """Each client trains its own model and its copy of the shared model (``state.shared``),
+    uploads the copy and loads the average in place. Subclasses add how the two models learn
+    together."""
+
+    def init_client(self, client: Client) -> Any:
+        """A ``State`` holding only this client's copy of the shared model."""
+        return self.State(self.new_shared_model(client.facts()))
 
     def client_parameters(self, client: Client) -> list[Any]:
         return [*client.model.parameters(), *client.state.shared.parameters()]
@@ -210,13 +215,27 @@ class SharedModelMethod(Algorithm):
     def upload(self, client: Client) -> Message:
         return upload_with_count(client, shared_weights(client.state.shared), self.opts.weighting)
 
-    def server_step(self, uploads: list[Message], round_index: int) -> Message:
-        return fedavg(uploads, client_weights(uploads, self.opts.weighting), self.keys)
-
-    def receive(self, client: Client, broadcast: Message) -> None:
-        load_shared_weights(client.state.shared, broadcast)
+    def receive(self, client: Client, message: Message) -> None:
+        load_shared_weights(client.state.shared, message)
 
     def analysis_artifacts(self, clients: list[Client]) -> dict[str, Tensor]:
         # One global model: its class-mean features over all clients' train data are the
         # run's global class prototypes (an analysis artifact, never a message).
         return {"global_prototypes": class_mean_features(clients[0].state.shared, clients)}
+
+
+class SharedModelServer(SharedModelHalf, ServerHalf):
+    """Averages the clients' copies (FedAvg, by ``weighting``); every client gets the average
+    (``message()`` sends ``average``, which a subclass may set to another form, e.g. FedKD's
+    compressed mean update)."""
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
+        # Every copy starts identical, so nothing is sent; the server needs only the names.
+        self.keys = list(shared_weights(self.new_shared_model(facts[0])))
+
+    def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
+        rows = list(uploads.values())
+        self.average = fedavg(rows, client_weights(rows, self.opts.weighting), self.keys)
+
+    def message(self) -> Message:
+        return self.average

@@ -38,8 +38,8 @@ Arrays = tuple[np.ndarray, np.ndarray]  # uint8 images, int64 labels
 DEFAULT_FEATURE_DIM = 512
 
 
-def resolve_feature_dim(config: RunConfig, algorithm_cls: type[Algorithm], options: Any) -> int:
-    required = algorithm_cls.required_feature_dim(options)
+def resolve_feature_dim(config: RunConfig, method: Algorithm, options: Any) -> int:
+    required = method.required_feature_dim(options)
     if config.feature_dim is not None and required is not None and config.feature_dim != required:
         raise ConfigError(
             f"feature_dim={config.feature_dim} is invalid for {config.algorithm}: its text "

@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from fedtsp.algorithms import Algorithm, Message
+from fedtsp.algorithms import Message
+from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.seeding import derive_seed, seed_everything
@@ -120,7 +121,7 @@ def _answer(
     arg: Any,
     config: RunConfig,
     clients: list[Client],
-    algorithm: Algorithm,
+    algorithm: ClientHalf,
     global_test: GlobalTest | None,
 ) -> Any:
     if request == "round":
@@ -157,7 +158,7 @@ class ClientPool:
         by_index = {c.index: c for c in run.clients}
         for share in self._shares:
             payload = pickle.dumps(
-                (run.config, [by_index[i] for i in share], run.client_algorithm, run.global_test)
+                (run.config, [by_index[i] for i in share], run.client_half, run.global_test)
             )
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(theirs, payload), daemon=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fedtsp.algorithms.base import Algorithm, Message
+from fedtsp.algorithms.base import ClientHalf, Message
 from fedtsp.algorithms.clients import Client, ClientFacts, EvalResult, NonFiniteLossError
 from fedtsp.core.config import RunConfig
 from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
@@ -42,7 +42,7 @@ class SetupReply:
 
 
 def set_up_client(
-    algorithm: Algorithm, client: Client, config: RunConfig, rng: dict[str, Any]
+    algorithm: ClientHalf, client: Client, config: RunConfig, rng: dict[str, Any]
 ) -> SetupReply:
     """The method's client state and the client's optimiser; its facts and set-up upload.
     Its draws continue the run's stream after the models (``rng``, from
@@ -86,7 +86,7 @@ class ClientReply:
 
 
 def evaluate_client(
-    algorithm: Algorithm, client: Client, work: RoundWork, global_test: GlobalTest | None
+    algorithm: ClientHalf, client: Client, work: RoundWork, global_test: GlobalTest | None
 ) -> ClientReply:
     """Score the client's model before its training (the authors' protocol)."""
     start = time.perf_counter()
@@ -103,7 +103,7 @@ def evaluate_client(
 
 
 def train_client(
-    algorithm: Algorithm, client: Client, config: RunConfig, reply: ClientReply
+    algorithm: ClientHalf, client: Client, config: RunConfig, reply: ClientReply
 ) -> None:
     """Local epochs of round ``client.round``; the reply gets their mean loss and time.
 
@@ -126,13 +126,13 @@ def train_client(
     reply.timings["train"] = time.perf_counter() - start
 
 
-def upload_client(algorithm: Algorithm, client: Client, reply: ClientReply) -> None:
+def upload_client(algorithm: ClientHalf, client: Client, reply: ClientReply) -> None:
     start = time.perf_counter()
     reply.upload = algorithm.upload(client)
     reply.timings["upload"] = time.perf_counter() - start
 
 
-def receive_client(algorithm: Algorithm, client: Client, message: Message) -> float:
+def receive_client(algorithm: ClientHalf, client: Client, message: Message) -> float:
     """Apply the server's message; return the seconds it took."""
     start = time.perf_counter()
     algorithm.receive(client, message)
@@ -140,7 +140,7 @@ def receive_client(algorithm: Algorithm, client: Client, message: Message) -> fl
 
 
 def clients_round(
-    algorithm: Algorithm,
+    algorithm: ClientHalf,
     clients: list[Client],
     config: RunConfig,
     work: RoundWork,
@@ -164,7 +164,7 @@ def clients_round(
     return replies
 
 
-def deliver_to(algorithm: Algorithm, clients: list[Client], messages: dict[int, Message]) -> float:
+def deliver_to(algorithm: ClientHalf, clients: list[Client], messages: dict[int, Message]) -> float:
     """Hand each of ``clients`` its message, if it has one; the seconds spent receiving."""
     return sum(
         receive_client(algorithm, c, messages[c.index]) for c in clients if c.index in messages

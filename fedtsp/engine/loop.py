@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedtsp.algorithms.base import Algorithm, Message
+from fedtsp.algorithms.base import Message, ServerHalf
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
 from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
@@ -46,7 +46,7 @@ class Transport(Protocol):
 
 
 def set_up_server(
-    server: Algorithm, replies: dict[int, SetupReply], rng: dict[str, Any]
+    server: ServerHalf, replies: dict[int, SetupReply], rng: dict[str, Any]
 ) -> Message | None:
     """The method's server set-up from the clients' facts and set-up uploads (client order);
     its draws continue the run's stream after the models (``rng``), as the clients' do."""
@@ -147,7 +147,7 @@ class RoundLoop:
     """Drives a method's server half and a transport's client halves round by round."""
 
     def __init__(
-        self, server: Algorithm, transport: Transport, config: RunConfig, client_ids: list[int]
+        self, server: ServerHalf, transport: Transport, config: RunConfig, client_ids: list[int]
     ) -> None:
         self.server, self.transport, self.config = server, transport, config
         self.client_ids = list(client_ids)

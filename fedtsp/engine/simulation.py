@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
+from fedtsp.algorithms import Message, get_algorithm, resolve_options
+from fedtsp.algorithms.base import ClientHalf, ServerHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.config import RunConfig
 from fedtsp.core.results import RunStore
@@ -55,16 +56,16 @@ log = logging.getLogger("fedtsp")
 class PreparedRun:
     """Everything built before round 0; exposed so tests and notebooks can inspect it.
 
-    ``algorithm`` is the method's server half, ``client_algorithm`` the copy every client
-    hook runs on: they share only the messages the engine passes between them.
+    ``server`` is the method's server half, ``client_half`` the object every client hook
+    runs on: two types that share only the messages the engine passes between them.
     """
 
     config: RunConfig
     key: str
     data: ClientData
     clients: list[Client]
-    algorithm: Algorithm
-    client_algorithm: Algorithm
+    server: ServerHalf
+    client_half: ClientHalf
     first_broadcast: Message | None
     global_test: tuple[torch.Tensor, torch.Tensor] | None
     setup: dict[str, float]  # the set-up messages' bytes (engine.loop.setup_bytes)
@@ -72,7 +73,7 @@ class PreparedRun:
     def loop(self, transport: InProcess | ClientPool | None = None) -> RoundLoop:
         """The round loop over this run's clients (default: all of them in this process)."""
         return RoundLoop(
-            self.algorithm,
+            self.server,
             transport or InProcess(self),
             self.config,
             [c.index for c in self.clients],
@@ -87,10 +88,10 @@ class InProcess:
 
     def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
         run = self.run
-        return clients_round(run.client_algorithm, run.clients, run.config, work, run.global_test)
+        return clients_round(run.client_half, run.clients, run.config, work, run.global_test)
 
     def deliver(self, messages: dict[int, Message]) -> float:
-        return deliver_to(self.run.client_algorithm, self.run.clients, messages)
+        return deliver_to(self.run.client_half, self.run.clients, messages)
 
     def sync(self) -> None:
         """The clients' states are in ``run.clients`` already."""
@@ -129,18 +130,18 @@ def prepare(
         for i, model in enumerate(models)
     ]
     ctx = run_context(config, cdata.class_names, feature_dim, cdata.groups)
-    client_algorithm = algorithm_cls(options, ctx)
-    replies = {c.index: set_up_client(client_algorithm, c, config, rng) for c in clients}
-    algorithm = algorithm_cls(options, ctx)
-    first = set_up_server(algorithm, replies, rng)
+    client_half = algorithm_cls.Client(options, ctx)
+    replies = {c.index: set_up_client(client_half, c, config, rng) for c in clients}
+    server = algorithm_cls.Server(options, ctx)
+    first = set_up_server(server, replies, rng)
     global_test = None if cdata.global_test is None else tensors(cdata.global_test)
     return PreparedRun(
         config,
         key,
         cdata,
         clients,
-        algorithm,
-        client_algorithm,
+        server,
+        client_half,
         first,
         global_test,
         setup_bytes(replies, first),
@@ -151,7 +152,7 @@ def _save_checkpoint(store: RunStore, run: PreparedRun, round_index: int, histor
     state = {
         "round": round_index,
         "clients": [c.state_dict() for c in run.clients],
-        "algorithm": run.algorithm.state_dict(),
+        "algorithm": run.server.state_dict(),
         "history": history,
     }
     store.save_checkpoint(run.key, state)
@@ -161,7 +162,7 @@ def _load_checkpoint(store: RunStore, run: PreparedRun) -> tuple[int, list]:
     state = store.load_checkpoint(run.key, run.config.device)
     for client, saved in zip(run.clients, state["clients"], strict=True):
         client.load_state_dict(saved)
-    run.algorithm.load_state_dict(state["algorithm"])
+    run.server.load_state_dict(state["algorithm"])
     return state["round"], state["history"]
 
 
@@ -239,19 +240,19 @@ def run_experiment(
             key=run.key,
             status="complete",
             config=cfg,
-            algo_options=run.algorithm.opts,
-            feature_dim=run.algorithm.ctx.feature_dim,
+            algo_options=run.server.opts,
+            feature_dim=run.server.ctx.feature_dim,
             dataset=run.data.description,
             partition=run.data.stats,
             history=history,
             wall_seconds=time.perf_counter() - wall_start,
-            server=run.algorithm.record_extras(),
+            server=run.server.record_extras(),
             setup=run.setup,
             environment={"client_workers": client_workers, "threads": 1}
             if client_workers > 1
             else None,
         )
-        produced = run.algorithm.artifacts() | run.client_algorithm.analysis_artifacts(run.clients)
+        produced = run.server.artifacts() | run.client_half.analysis_artifacts(run.clients)
         artifacts = {k: v.detach().cpu().float().numpy() for k, v in produced.items()}
         store.save(record, artifacts)
         ckpt_path.unlink(missing_ok=True)

@@ -36,7 +36,7 @@ from fedtsp.engine.loop import global_eval_due
 from fedtsp.engine.simulation import run_key
 from fedtsp.models.families import build_model, client_architecture
 from fedtsp.paper.experiments import DataSource, RunSpec
-from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
 

@@ -1,6 +1,6 @@
 """The batch runner: `fedtsp reproduce --profile P [--only 03 ...] [--allow-partial]`.
 
-1. Collects the runs every selected notebook needs (`fedtsp.paper.plans`) and runs the missing
+1. Collects the runs every selected notebook needs (`fedtsp.paper.notebook_runs`) and runs the missing
    ones, `workers` at a time, into `<results>/<P>/runs` (finished runs are reused, an
    interrupted one resumes from its checkpoint).
 2. Executes each notebook with papermill into `papermill_runs/<P>/`, injecting the
@@ -29,8 +29,8 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.config import ConfigError
 from fedtsp.core.paths import portable_path, scrub_paths
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.outputs import write_index
-from fedtsp.paper.plans import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"

@@ -28,7 +28,7 @@ from fedtsp.core.machine import cpu_class, same_class
 from fedtsp.core.results import RunStore, short_commit
 from fedtsp.engine.simulation import run_key
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
-from fedtsp.paper.plans import notebook_plan
+from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
 # Values of a history row that measure time or the machine, not the computation.

@@ -265,7 +265,7 @@ def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
     transport = FlowerTransport(
         grid, targets, init, cfg.device, timeout, run["on_failure"], loop.checkpoint_due
     )
-    rounds = RoundLoop(loop.algorithm, transport, cfg, sorted(targets))
+    rounds = RoundLoop(loop.server, transport, cfg, sorted(targets))
     if saved is None:
         start, history = 0, []
         replies = _set_up_nodes(grid, targets, run_json, cfg.device, timeout)

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Algorithm, Message, get_algorithm, resolve_options
+from fedtsp.algorithms import Message, get_algorithm, resolve_options
+from fedtsp.algorithms.base import ClientHalf, ServerHalf
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.core.atomic import atomic_write_bytes
 from fedtsp.core.config import ConfigError, RunConfig
@@ -226,7 +227,7 @@ class ServerLoop:
     workdir: Path
     run: dict[str, Any] = field(init=False)
     config: RunConfig = field(init=False)
-    algorithm: Algorithm = field(init=False)
+    server: ServerHalf = field(init=False)
     setup_replies: dict[int, SetupReply] = field(init=False, default_factory=dict)
     setup_traffic: dict[str, float] | None = field(init=False, default=None)
 
@@ -237,14 +238,14 @@ class ServerLoop:
         cfg, meta = self.config, self.run["dataset"]
         options = resolve_options(cfg.algorithm, cfg.algo_options)
         context = run_context(cfg, meta["classes"], self.run["feature_dim"], self.run["groups"])
-        self.algorithm = get_algorithm(cfg.algorithm)(options, context)
+        self.server = get_algorithm(cfg.algorithm).Server(options, context)
 
     def set_up(self, replies: dict[int, SetupReply]) -> Message | None:
         """The server half's set-up from the nodes' set-up replies; returns its first message."""
         with np.load(self.workdir / "server.npz") as arrays:
             rng = from_bytes(arrays[SETUP_RNG].tobytes())
         self.setup_replies = dict(replies)
-        first = set_up_server(self.algorithm, replies, rng)
+        first = set_up_server(self.server, replies, rng)
         self.setup_traffic = setup_bytes(replies, first)
         return first
 
@@ -272,7 +273,7 @@ class ServerLoop:
             "clients": client_blobs,
             # The set-up's inputs: a resumed server sets up again from them, then loads.
             "setup": {i: (r.facts.to_json(), r.upload) for i, r in self.setup_replies.items()},
-            "algorithm": self.algorithm.state_dict(),
+            "algorithm": self.server.state_dict(),
             "pending": pending,
             "history": history,
         }
@@ -290,7 +291,7 @@ class ServerLoop:
             for i, (facts, upload) in state["setup"].items()
         }
         self.set_up(replies)
-        self.algorithm.load_state_dict(state["algorithm"])
+        self.server.load_state_dict(state["algorithm"])
         return state
 
     def record(
@@ -301,14 +302,14 @@ class ServerLoop:
             key=self.run["key"],
             status=status,
             config=self.config,
-            algo_options=self.algorithm.opts,
+            algo_options=self.server.opts,
             feature_dim=self.run["feature_dim"],
             dataset=self.run["dataset"],
             partition=self.run["partition"],
             history=history,
             wall_seconds=wall_seconds,
             environment={"flwr": _flwr_version()},
-            server=self.algorithm.record_extras(),
+            server=self.server.record_extras(),
             setup=self.setup_traffic,
             extra={"engine": self.run["engine"]} | extra,
         )
@@ -322,7 +323,7 @@ class ServerLoop:
     def artifacts(self) -> dict[str, np.ndarray]:
         """The server half's artefacts (``analysis_artifacts`` need every client: simulator
         only)."""
-        return {k: v.detach().cpu().float().numpy() for k, v in self.algorithm.artifacts().items()}
+        return {k: v.detach().cpu().float().numpy() for k, v in self.server.artifacts().items()}
 
 
 def _flwr_version() -> str | None:
@@ -342,7 +343,7 @@ class NodeRuntime:
 
     config: RunConfig
     client: Client
-    algorithm: Algorithm
+    half: ClientHalf  # the method's client half
     global_test: tuple[torch.Tensor, torch.Tensor] | None
     setup_reply: SetupReply | None = None  # what a fresh set-up tells the server
 
@@ -372,12 +373,12 @@ class NodeRuntime:
         model.load_state_dict(initial)
         client = make_client(cfg, index, model, (train_x, train_y), (test_x, test_y), len(classes))
         options = resolve_options(cfg.algorithm, cfg.algo_options)
-        algorithm = get_algorithm(cfg.algorithm)(
+        half = get_algorithm(cfg.algorithm).Client(
             options, run_context(cfg, classes, run["feature_dim"], run["groups"])
         )
-        node = cls(cfg, client, algorithm, global_test)
+        node = cls(cfg, client, half, global_test)
         if blob is None:
-            node.setup_reply = set_up_client(algorithm, client, cfg, rng)
+            node.setup_reply = set_up_client(half, client, cfg, rng)
         else:
             node.load_blob(blob)
         return node
@@ -388,9 +389,7 @@ class NodeRuntime:
         client.model.load_state_dict(saved["model"])
         client.state = saved["state"]
         client.model_seconds = saved["model_seconds"]
-        client.optimizer = torch.optim.SGD(
-            self.algorithm.client_parameters(client), lr=self.config.lr
-        )
+        client.optimizer = torch.optim.SGD(self.half.client_parameters(client), lr=self.config.lr)
         if saved["optimizer"] is not None:
             client.optimizer.load_state_dict(saved["optimizer"])
 
@@ -408,7 +407,7 @@ class NodeRuntime:
 
     def round(self, work: RoundWork, message: Message | None) -> ClientReply:
         """receive -> evaluate -> (train -> upload): this client's half of one round."""
-        cfg, client, algo = self.config, self.client, self.algorithm
+        cfg, client, algo = self.config, self.client, self.half
         model_before = client.model_seconds
         received = 0.0 if message is None else receive_client(algo, client, message)
         seed_everything(derive_seed(cfg.seed, work.round))  # as the server, every round

@@ -5,7 +5,7 @@ setting ``pfl``, one architecture for every client) of a clustered algorithm on 
 engine: ``fmcl``, ``pacfl``, ``ifca`` and ``cfl`` (`fedtsp.algorithms`), and the ``clusters``
 algorithm for FedAvg (one cluster), Local (every client alone) and the oracle (the planted
 groups). `benchmark_specs` plans them (the batch runner and notebook 08 share it through
-`fedtsp.paper.plans.fmcl_benchmark`), the run store keeps their records, `benchmark_row` reads one
+`fedtsp.paper.notebook_runs.fmcl_benchmark`), the run store keeps their records, `benchmark_row` reads one
 back and `summarize_benchmark` gives one row per method: mean +- std over seeds and the
 clustering's stability across seeds (mean pairwise adjusted Rand index between the
 partitions found with different seeds on the same population). IFCA needs K; unless
