@@ -389,6 +389,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_failure=args.on_client_failure,
             round_timeout=args.round_timeout,
             resume=args.resume,
+            checkpoint_every=args.checkpoint_every,
         )
         return _print_run_summary(args, config, record)
     record = run_experiment(
@@ -492,7 +493,7 @@ def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -
 
 def main(argv: list[str] | None = None) -> int:
     from fedtsp.algorithms.clients import NonFiniteLossError
-    from fedtsp.engine.flower.core import ClientFailureError
+    from fedtsp.engine.flower.workdir import ClientFailureError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser()

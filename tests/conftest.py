@@ -103,9 +103,7 @@ class RecordingTransport:
     look at the clients as their training left them)."""
 
     def __init__(self, run: PreparedRun, before_deliver: Callable | None = None) -> None:
-        from fedtsp.engine.simulation import InProcess
-
-        self.run, self.inner, self.before_deliver = run, InProcess(run), before_deliver
+        self.run, self.inner, self.before_deliver = run, run.transport, before_deliver
         self.uploads: dict[int, dict] = {}
         self.messages: dict[int, dict] = {}
 
@@ -119,15 +117,6 @@ class RecordingTransport:
         if self.before_deliver is not None:
             self.before_deliver(self.run)
         return self.inner.deliver(messages)
-
-
-def start_run(config: RunConfig, dataset: ImageDataset) -> PreparedRun:
-    """A prepared run whose clients have received the set-up message (round 0 next)."""
-    from fedtsp.engine.simulation import prepare
-
-    run = prepare(config, dataset=dataset)
-    run.loop().start(run.first_broadcast)
-    return run
 
 
 def record_round(

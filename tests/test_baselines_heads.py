@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import assert_uploads_training_means, record_round, start_run, tiny_config
+from conftest import assert_uploads_training_means, record_round, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
 from fedtsp.algorithms.feddistill import FedDistill, FedDistillOptions
@@ -26,7 +26,7 @@ TRAINED = {"frozen_generator": False}  # FedGen's own method; the default is the
 def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data):
     torch.manual_seed(0)
     config = tiny_config(algorithm="fedgen", algo_options=TRAINED, local_epochs=2)
-    run = start_run(config, tiny_data)
+    run = prepare(config, dataset=tiny_data)
     server = run.server
     assert run.clients[0].state.label_counts is None  # no untrained generator is used
     untrained = copy.deepcopy(server.generator)  # as the set-up left it
@@ -67,7 +67,7 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
 
 
 def test_fedgen_frozen_generator_reproduces_the_authors_code(tiny_data):
-    run = start_run(tiny_config(algorithm="fedgen"), tiny_data)  # the default
+    run = prepare(tiny_config(algorithm="fedgen"), dataset=tiny_data)  # the default
     server = run.server
     assert server.opts.frozen_generator and server.opts.noise == "uniform"
     initial = {k: v.clone() for k, v in server.generator.state_dict().items()}
@@ -84,7 +84,7 @@ def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data
     # real ones (cpu records) and the clients' heads diverged; both forms must stay in range.
     torch.manual_seed(0)
     config = tiny_config(algorithm="fedgen", algo_options=options, rounds=4, local_epochs=2)
-    run = start_run(config, tiny_data)
+    run = prepare(config, dataset=tiny_data)
     clients = run.clients
     labels = torch.arange(C).repeat(20)
     for round_index in range(4):
@@ -100,7 +100,7 @@ def test_fedgen_generated_features_stay_in_the_norm_range_of_real_ones(tiny_data
 
 
 def test_lg_fedavg_averages_only_the_heads_sample_weighted(tiny_data):
-    run = start_run(tiny_config(algorithm="lg-fedavg"), tiny_data)
+    run = prepare(tiny_config(algorithm="lg-fedavg"), dataset=tiny_data)
     clients = run.clients
     start = clients[0].model.head.weight.detach().clone()
     assert all(torch.equal(c.model.head.weight, start) for c in clients)  # common start

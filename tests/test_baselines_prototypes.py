@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import record_round, start_run, tiny_config
+from conftest import record_round, tiny_config
 from torch import Tensor
 
 from fedtsp.algorithms import RunContext, resolve_options
@@ -90,7 +90,7 @@ def test_fedtgp_margin_and_server_training_on_hand_built_prototypes():
 
 
 def test_alignfed_anchors_spread_fixed_and_heads_averaged(tiny_data):
-    run = start_run(tiny_config(algorithm="alignfed", rounds=4), tiny_data)
+    run = prepare(tiny_config(algorithm="alignfed", rounds=4), dataset=tiny_data)
     anchors = run.server.anchors.clone()
     cos = anchors @ anchors.T
     off = cos[~torch.eye(10, dtype=torch.bool)]
@@ -203,7 +203,7 @@ def test_fedgh_one_server_step_fits_separable_prototypes(tiny_data, options, fit
 
 
 def test_fedgh_global_head_learns_the_prototypes_and_replaces_client_heads(tiny_data):
-    run = start_run(tiny_config(algorithm="fedgh", rounds=4, local_epochs=2), tiny_data)
+    run = prepare(tiny_config(algorithm="fedgh", rounds=4, local_epochs=2), dataset=tiny_data)
     accs = []
     for t in range(3):
         row, _, _ = record_round(run, t)
@@ -250,7 +250,7 @@ def test_learns_and_counts_bytes(tmp_path, tiny_data, algorithm):
 def test_prototype_evaluation_picks_the_nearest_global_prototype(tiny_data, algorithm):
     # HtFLlib's FedProto / FedTGP score a test image by its nearest global prototype.
     config = tiny_config(algorithm=algorithm, algo_options={"eval_mode": "prototype"})
-    run = start_run(config, tiny_data)
+    run = prepare(config, dataset=tiny_data)
     client = run.clients[0]
     x = client.test_x[:30]
     assert torch.equal(run.client_half.predict(client, x), client.model(x))  # none yet: the head

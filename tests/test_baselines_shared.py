@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import record_round, start_run, tiny_config
+from conftest import record_round, tiny_config
 
 from fedtsp.algorithms.fedkd import decode_update, encode_update, low_rank_factors
 from fedtsp.algorithms.model_messages import shared_weights
@@ -38,7 +38,6 @@ PAPER = {
 def _one_round(run):
     """Round 0 through the engine (train, upload, aggregate, deliver): the clients' uploads
     (in client order) and the message client 0 received (every client gets the same)."""
-    run.loop().start(run.first_broadcast)
     _, uploads, messages = record_round(run, 0)
     assert all(_states_equal(m, messages[0]) for m in messages.values())
     return list(uploads.values()), messages[0]
@@ -177,7 +176,7 @@ def test_fedkd_svd_keeps_the_energy_and_saves_bytes():
 
 def test_fedkd_round_compresses_and_keeps_mentees_identical(tiny_data):
     config = tiny_config(algorithm="fedkd", rounds=1, lr=0.05, algo_options=PAPER["fedkd"])
-    run = start_run(config, tiny_data)
+    run = prepare(config, dataset=tiny_data)
     clients = run.clients
     assert [g["lr"] for g in clients[0].optimizer.param_groups] == [0.05, 0.01]  # mentee_lr
     before = shared_weights(clients[0].state.shared)

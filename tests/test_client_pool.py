@@ -80,7 +80,7 @@ def test_an_error_in_a_client_process_comes_back_as_itself(tmp_path, tiny_data):
 
 def test_a_vanished_client_process_is_named_with_its_clients(tiny_data):
     run = prepare(tiny_config(algorithm="fedproto"), dataset=tiny_data)
-    pool = ClientPool(run, 2)
+    pool = ClientPool(run.transport, 2)
     procs = []
     try:
         replies = pool.client_round(round_work(run.config, 0))

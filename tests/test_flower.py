@@ -127,28 +127,32 @@ def test_work_folder_hands_each_node_only_its_partition(tmp_path, tiny_data):
 def test_every_node_sets_up_where_the_simulator_does(tmp_path, tiny_data, algorithm, client_init):
     import torch
 
-    from fedtsp.engine.flower.core import NodeRuntime, ServerLoop
-    from fedtsp.engine.simulation import prepare
+    from fedtsp.engine.driver import set_up_server
+    from fedtsp.engine.flower.workdir import NodeRuntime, server_run
+    from fedtsp.engine.simulation import build
 
     config = tiny_config(algorithm=algorithm, num_clients=8, client_init=client_init)
     run = prepare_workdir(config, tiny_data, tmp_path, out=tmp_path, engine="flower-sim")
-    sim = prepare(config, dataset=tiny_data)
+    sim_run, sim, _ = build(config, {config.dataset: tiny_data}, run["key"])
+    sim_replies = sim.set_up(sim_run.rng)  # the simulator's set-up, before any message
     replies = {}
     for client in sim.clients:
         node = NodeRuntime.build(run, client.index, tmp_path / f"node-{client.index}.npz", None)
         mine = node.client.model.state_dict()
         assert all(torch.equal(v, mine[k]) for k, v in client.model.state_dict().items())
-        assert node.setup_reply.facts == client.facts()
+        assert node.setup_reply.facts == sim_replies[client.index].facts
         for name, value in vars(client.state).items():  # e.g. FedKD's W_h: one draw each
             if isinstance(value, torch.nn.Module):
                 theirs = getattr(node.client.state, name).state_dict()
                 assert all(torch.equal(v, theirs[k]) for k, v in value.state_dict().items())
         replies[client.index] = node.setup_reply
-    first = ServerLoop(tmp_path).set_up(replies)  # from the nodes' facts and uploads alone
-    assert (first is None) == (sim.first_broadcast is None) == (algorithm != "lg-fedavg")
+    _, server = server_run(tmp_path)
+    first = set_up_server(server.server, replies, server.rng)  # the nodes' facts and uploads
+    sim_first = set_up_server(sim_run.server, sim_replies, sim_run.rng)
+    assert (first is None) == (sim_first is None) == (algorithm != "lg-fedavg")
     if first is not None:  # LG-FedAvg: client 0's head, sent by node 0 in set-up
-        assert first.keys() == sim.first_broadcast.keys()
-        assert all(torch.equal(v, sim.first_broadcast[k]) for k, v in first.items())
+        assert first.keys() == sim_first.keys()
+        assert all(torch.equal(v, sim_first[k]) for k, v in first.items())
 
 
 @pytest.mark.slow

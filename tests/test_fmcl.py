@@ -322,9 +322,7 @@ def test_fedavg_in_fixed_clusters_learns_and_counts_what_it_sends(domains, tmp_p
     assert rows[0]["bytes_down_per_client"] == model  # its cluster's model
     assert rows[0]["bytes_up_per_client"] == model + 8  # its model and its int64 train size
     # Every cluster's model is the sample-weighted mean of its members' uploads.
-    loop = run.loop()
-    loop.start(run.first_broadcast)
-    loop.round(0)
+    run.loop().round(0)  # prepare() delivered the set-up's first message
     for client in run.clients:  # one cluster: everyone holds the same weights
         for a, b in zip(client.model.parameters(), run.clients[0].model.parameters(), strict=True):
             assert torch.equal(a, b)

@@ -7,13 +7,13 @@ import math
 
 import pytest
 import torch
-from conftest import LATER_FIELDS, key_before_fields, record_round, start_run, tiny_config
+from conftest import LATER_FIELDS, key_before_fields, record_round, tiny_config
 
 from fedtsp.algorithms.fedetf import simplex_etf
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.engine.runspec import check_run, run_key
-from fedtsp.engine.simulation import run_experiment
+from fedtsp.engine.simulation import prepare, run_experiment
 
 
 def homo_config(algorithm: str, setting: str = "gfl", **changes):
@@ -85,7 +85,7 @@ def test_fedtsp_is_revised_only_for_the_option_whose_code_changed():
 
 # ---- aggregation -----------------------------------------------------------------------------
 def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data, monkeypatch):
-    run = start_run(homo_config("fedavg"), tiny_data)
+    run = prepare(homo_config("fedavg"), dataset=tiny_data)
     sizes = [c.num_train for c in run.clients]
     assert len(set(sizes)) > 1  # unequal clients, so weighting matters
     upload = run.client_half.upload
@@ -110,12 +110,12 @@ def test_fedavg_is_the_sample_weighted_mean_and_every_client_gets_it(tiny_data, 
 
 
 def test_all_clients_start_from_one_model(tiny_data):
-    run = start_run(homo_config("fedavg"), tiny_data)
+    run = prepare(homo_config("fedavg"), dataset=tiny_data)
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients[1:])
 
 
 def test_fedbabu_head_stays_at_its_initial_values(tiny_data):
-    run = start_run(homo_config("fedbabu"), tiny_data)
+    run = prepare(homo_config("fedbabu"), dataset=tiny_data)
     head0 = run.clients[0].model.head.weight.detach().clone()
     body0 = [p.detach().clone() for p in run.clients[0].model.features.parameters()]
     train_rounds(run, 1)
@@ -145,7 +145,7 @@ def test_simplex_etf_has_equal_norm_columns_and_equal_negative_cosines(classes, 
 
 
 def test_fedetf_classifier_is_fixed_shared_and_never_sent(tiny_data):
-    run = start_run(homo_config("fedetf"), tiny_data)
+    run = prepare(homo_config("fedetf"), dataset=tiny_data)
     etf = run.clients[0].model.head.etf.clone()
     _, uploads, _ = record_round(run, 0)
     assert sorted(uploads) == [0, 1, 2, 3]
@@ -157,7 +157,7 @@ def test_fedetf_classifier_is_fixed_shared_and_never_sent(tiny_data):
 
 # ---- FedFA -----------------------------------------------------------------------------------
 def test_fedfa_anchors_follow_the_class_means_with_momentum(tiny_data, monkeypatch):
-    run = start_run(homo_config("fedfa", algo_options={"anchor_momentum": 0.25}), tiny_data)
+    run = prepare(homo_config("fedfa", algo_options={"anchor_momentum": 0.25}), dataset=tiny_data)
     server, d = run.server, run.server.ctx.feature_dim
     upload = run.client_half.upload
 
@@ -206,7 +206,7 @@ def test_gfl_record_scores_the_global_model_on_the_official_test_set(tmp_path, t
 
 
 def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
-    run = start_run(homo_config("fedtsp"), tiny_data)
+    run = prepare(homo_config("fedtsp"), dataset=tiny_data)
     client = run.clients[1]
     x, y = client.train_x[:8], client.train_y[:8]
     feats = client.model.features(x)
@@ -218,7 +218,7 @@ def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
 
 
 def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
-    run = start_run(homo_config("fedavg-ft", "pfl", algo_options={"ft_epochs": 5}), tiny_data)
+    run = prepare(homo_config("fedavg-ft", "pfl", algo_options={"ft_epochs": 5}), dataset=tiny_data)
     train_rounds(run, 1)
     algo, client = run.client_half, run.clients[2]
     before = {k: v.clone() for k, v in client.model.state_dict().items()}
@@ -242,14 +242,16 @@ def test_finetuning_changes_only_the_classifier_and_fits_the_client(tiny_data):
 
 def test_fedetf_per_starts_from_the_scaled_etf_plus_the_log_prior(tiny_data):
     options = {"ft_epochs": 0, "prior_bias": False}
-    run = start_run(homo_config("fedetf-per", "pfl", algo_options=options), tiny_data)
+    run = prepare(homo_config("fedetf-per", "pfl", algo_options=options), dataset=tiny_data)
     client = run.clients[0]
     run.client_half.prepare_evaluation(client, round_index=0)
     x = client.test_x[:16]
     # With no fine-tuning epochs the personal head is the global ETF classifier itself...
     assert torch.allclose(run.client_half.predict(client, x), client.model(x), atol=1e-5)
     # ... plus the client's log class prior by default (the balanced loss's correction).
-    run = start_run(homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), tiny_data)
+    run = prepare(
+        homo_config("fedetf-per", "pfl", algo_options={"ft_epochs": 0}), dataset=tiny_data
+    )
     client = run.clients[0]
     run.client_half.prepare_evaluation(client, round_index=0)
     shift = run.client_half.predict(client, x) - client.model(x)
@@ -291,7 +293,7 @@ def test_fedpac_qp_finds_the_simplex_minimiser():
 
 
 def test_fedpcl_predicts_the_nearest_global_prototype(tiny_data):
-    run = start_run(homo_config("fedpcl", "pfl"), tiny_data)
+    run = prepare(homo_config("fedpcl", "pfl"), dataset=tiny_data)
     train_rounds(run, 1)
     client, algo = run.clients[0], run.client_half
     x = client.test_x[:32]

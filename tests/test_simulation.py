@@ -14,7 +14,6 @@ from conftest import (
     key_before_fields,
     native_setting,
     record_round,
-    start_run,
     tiny_config,
 )
 
@@ -53,7 +52,7 @@ def test_fedtsp_server_round_reuses_the_message_forward(tiny_data):
         """Round 0 of a FedTSP run; its server, the text prototypes before it, the messages
         it sent and the PLM forwards the server ran in it."""
         options = {"server_epochs": server_epochs}
-        run = start_run(tiny_config(algorithm="fedtsp", algo_options=options), tiny_data)
+        run = prepare(tiny_config(algorithm="fedtsp", algo_options=options), dataset=tiny_data)
         server, calls = run.server, []
         if not keep_graph:
             server._pending_protos = None  # no kept graph: the step runs its own forward
@@ -362,7 +361,7 @@ def test_training_prototypes_are_the_means_of_the_training_forward_passes(tiny_d
     # local epoch counts, with the model as it was at that step (train mode).
     options = {"prototype_source": "training"}
     # Started: FedTSP's clients hold the first text prototypes.
-    run = start_run(tiny_config(algorithm=algorithm, algo_options=options), tiny_data)
+    run = prepare(tiny_config(algorithm=algorithm, algo_options=options), dataset=tiny_data)
     algo, client = run.client_half, run.clients[1]
     ys = assert_uploads_training_means(algo, client, client.model.features, "protos")
     assert len(ys) >= 2 * (client.num_train - 20)  # both epochs were recorded

@@ -203,6 +203,17 @@ class RunStore:
         atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
         return path
 
+    def incomplete_path(self, key: str) -> Path:
+        return self.root / "incomplete" / f"{key}.json"
+
+    def save_incomplete(self, record: dict[str, Any]) -> Path:
+        """A record that is not the config's nominal result (a run still going, stopped, or
+        finished without some clients): kept beside the store, never served as a cache hit."""
+        path = self.incomplete_path(record["key"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
+        return path
+
     def records(self) -> Iterator[dict[str, Any]]:
         for path in sorted(self.root.glob("*.json")):
             yield read_record(path)

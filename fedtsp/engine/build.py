@@ -1,7 +1,8 @@
 """What every engine builds the same way before round 0: every client's data (a Dirichlet
 partition of one dataset, or a population with planted groups), each client's model and
-`Client`, the method's run context. Sharing these is what makes a Flower run start where
-the simulator starts, weight for weight."""
+`Client`, the method's run context and its two halves (`client_half`, `server_half`: the
+one place either is made). Sharing these is what makes a Flower run start where the
+simulator starts, weight for weight."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Algorithm, RunContext
+from fedtsp.algorithms import Algorithm, RunContext, get_algorithm, resolve_options
+from fedtsp.algorithms.base import ClientHalf, ServerHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.paths import portable_path
@@ -177,6 +179,24 @@ def run_context(
         groups=groups,
         family=config.family,
     )
+
+
+def client_half(config: RunConfig, ctx: RunContext) -> ClientHalf:
+    """The method's client half for this run."""
+    options = resolve_options(config.algorithm, config.algo_options)
+    return get_algorithm(config.algorithm).Client(options, ctx)
+
+
+def server_half(config: RunConfig, ctx: RunContext) -> ServerHalf:
+    """The method's server half for this run."""
+    options = resolve_options(config.algorithm, config.algo_options)
+    return get_algorithm(config.algorithm).Server(options, ctx)
+
+
+def method_feature_dim(config: RunConfig) -> int:
+    """The run's feature width: the config's, the method's, or the default."""
+    options = resolve_options(config.algorithm, config.algo_options)
+    return resolve_feature_dim(config, get_algorithm(config.algorithm), options)
 
 
 def cpu_has_native_bf16() -> bool:

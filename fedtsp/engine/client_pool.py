@@ -14,8 +14,8 @@ transport for that case (``run_experiment(..., client_workers=N)``, ``fedtsp run
 - a round: every worker runs its share's client halves phase by phase, as the simulator
   does (``client_round.clients_round``); the replies come back and the server half runs
   here; each message goes to the worker holding its client;
-- the clients' states come back here for a checkpoint and at the end of the run, where
-  the record's artifacts read them.
+- the clients' states come back here for a checkpoint (``snapshot``) and at the end of
+  the run, where the record's analysis artefacts read them.
 
 Every client's draws are a function of (seed, round, client) (``client_round``), so a
 run's history equals the simulator's at one intra-op thread, key for key (with more
@@ -38,12 +38,11 @@ from fedtsp.algorithms import Message
 from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.config import ConfigError, RunConfig
-from fedtsp.core.seeding import derive_seed, seed_everything
 from fedtsp.core.threads import single_thread_worker
 from fedtsp.engine.client_round import ClientReply, GlobalTest, RoundWork, clients_round, deliver_to
 
 if TYPE_CHECKING:
-    from fedtsp.engine.simulation import PreparedRun
+    from fedtsp.engine.simulation import InProcess
 
 
 class ClientWorkerError(RuntimeError):
@@ -125,7 +124,6 @@ def _answer(
     global_test: GlobalTest | None,
 ) -> Any:
     if request == "round":
-        seed_everything(derive_seed(config.seed, arg.round))  # as the server, every round
         return clients_round(algorithm, clients, config, arg, global_test)
     if request == "deliver":
         return deliver_to(algorithm, clients, arg)
@@ -142,8 +140,9 @@ class ClientPool:
     it (``run_experiment`` does).
     """
 
-    def __init__(self, run: PreparedRun, workers: int) -> None:
-        self.run = run
+    def __init__(self, local: InProcess, workers: int) -> None:
+        self.local = local  # the clients, set up or restored here before the workers start
+        self.failures = local.failures
         self.workers = check_client_workers(workers)
         self._conns: list[Connection] = []
         self._procs: list[multiprocessing.process.BaseProcess] = []
@@ -152,13 +151,13 @@ class ClientPool:
     def _start(self) -> None:
         if self._conns:
             return
-        run = self.run
-        self._shares = client_shares(run.clients, self.workers, run.config.local_epochs)
+        local = self.local
+        self._shares = client_shares(local.clients, self.workers, local.config.local_epochs)
         ctx = _context()
-        by_index = {c.index: c for c in run.clients}
+        by_index = {c.index: c for c in local.clients}
         for share in self._shares:
             payload = pickle.dumps(
-                (run.config, [by_index[i] for i in share], run.client_half, run.global_test)
+                (local.config, [by_index[i] for i in share], local.half, local.global_test)
             )
             mine, theirs = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(theirs, payload), daemon=True)
@@ -207,15 +206,28 @@ class ClientPool:
         requests = [("deliver", {i: messages[i] for i in s if i in messages}) for s in self._shares]
         return float(sum(self._ask(requests)))
 
-    def sync(self) -> None:
-        """Copy every client's state from its worker into ``run.clients``."""
+    def set_up(self, rng: dict[str, Any]) -> dict[int, Any]:
+        return self.local.set_up(rng)  # here, before the workers start from these clients
+
+    def restore(
+        self, rng: dict[str, Any], states: dict[int, Any], pending: dict[int, Message]
+    ) -> None:
+        self.local.restore(rng, states, pending)
+
+    def snapshot(self) -> tuple[dict[int, Any], dict[int, Message]]:
         if not self._conns:
-            return
+            return self.local.snapshot()
         states: dict[int, dict[str, Any]] = {}
         for answer in self._ask([("states", None)] * len(self._shares)):
             states |= answer
-        for client in self.run.clients:
+        return dict(sorted(states.items())), {}
+
+    def analysis_artifacts(self) -> dict[str, torch.Tensor]:
+        """Over every client, once their states are back here."""
+        states, _ = self.snapshot()
+        for client in self.local.clients:
             client.load_state_dict(states[client.index])
+        return self.local.analysis_artifacts()
 
     def close(self) -> None:
         for conn in self._conns:

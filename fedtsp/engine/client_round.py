@@ -41,16 +41,30 @@ class SetupReply:
     upload: Message
 
 
-def set_up_client(
-    algorithm: ClientHalf, client: Client, config: RunConfig, rng: dict[str, Any]
-) -> SetupReply:
-    """The method's client state and the client's optimiser; its facts and set-up upload.
-    Its draws continue the run's stream after the models (``rng``, from
-    ``engine.build.initial_models``), so every client on every transport draws alike."""
+def start_client(half: ClientHalf, client: Client, config: RunConfig, rng: dict[str, Any]) -> None:
+    """The method's client state and the client's optimiser, fresh. Their draws continue the
+    run's stream after the models (``rng``, from ``engine.build.initial_models``), so every
+    client on every transport draws alike."""
     set_rng_state(rng)
-    client.state = algorithm.init_client(client)
-    client.optimizer = torch.optim.SGD(algorithm.client_parameters(client), lr=config.lr)
-    return SetupReply(client.facts(), algorithm.setup_upload(client))
+    client.state = half.init_client(client)
+    client.optimizer = torch.optim.SGD(half.client_parameters(client), lr=config.lr)
+
+
+def set_up_client(
+    half: ClientHalf, client: Client, config: RunConfig, rng: dict[str, Any]
+) -> SetupReply:
+    """A fresh client's set-up: its state and optimiser, then its facts and set-up upload."""
+    start_client(half, client, config, rng)
+    return SetupReply(client.facts(), half.setup_upload(client))
+
+
+def restore_client(
+    half: ClientHalf, client: Client, config: RunConfig, rng: dict[str, Any], saved: Any
+) -> None:
+    """A resumed client: set up as a fresh one, then loaded from its saved state
+    (``Client.state_dict``, the one encoding of a client's state on every transport)."""
+    start_client(half, client, config, rng)
+    client.load_state_dict(saved)
 
 
 @dataclass
@@ -86,25 +100,21 @@ class ClientReply:
 
 
 def evaluate_client(
-    algorithm: ClientHalf, client: Client, work: RoundWork, global_test: GlobalTest | None
+    half: ClientHalf, client: Client, work: RoundWork, global_test: GlobalTest | None
 ) -> ClientReply:
     """Score the client's model before its training (the authors' protocol)."""
     start = time.perf_counter()
-    algorithm.prepare_evaluation(client, work.round)  # e.g. "-FT" methods tune a head copy
-    reply = ClientReply(
-        client.index, client.evaluate(algorithm.predict, client.test_x, client.test_y)
-    )
+    half.prepare_evaluation(client, work.round)  # e.g. "-FT" methods tune a head copy
+    reply = ClientReply(client.index, client.evaluate(half.predict, client.test_x, client.test_y))
     if global_test is not None and work.global_eval:
-        reply.global_acc = client.evaluate(algorithm.predict, *global_test).accuracy
+        reply.global_acc = client.evaluate(half.predict, *global_test).accuracy
     if global_test is not None and work.gfl_client == client.index:
-        reply.gfl = client.evaluate(algorithm.predict, *global_test)
+        reply.gfl = client.evaluate(half.predict, *global_test)
     reply.timings["evaluate"] = time.perf_counter() - start
     return reply
 
 
-def train_client(
-    algorithm: ClientHalf, client: Client, config: RunConfig, reply: ClientReply
-) -> None:
+def train_client(half: ClientHalf, client: Client, config: RunConfig, reply: ClientReply) -> None:
     """Local epochs of round ``client.round``; the reply gets their mean loss and time.
 
     Their randomness is a function of (seed, round, client) alone, whatever ran before them
@@ -115,57 +125,57 @@ def train_client(
     seed_everything(derive_seed(config.seed, t, client.index, TRAINING_STREAM))
     try:
         reply.train_loss = client.train(
-            algorithm.train_loss,
+            half.train_loss,
             config.local_epochs,
             config.batch_size,
             generator,
-            algorithm.before_step,
+            half.before_step,
         )
     except NonFiniteLossError as exc:
         raise NonFiniteLossError(f"{exc} in round {t}; the run stops here") from None
     reply.timings["train"] = time.perf_counter() - start
 
 
-def upload_client(algorithm: ClientHalf, client: Client, reply: ClientReply) -> None:
+def upload_client(half: ClientHalf, client: Client, reply: ClientReply) -> None:
     start = time.perf_counter()
-    reply.upload = algorithm.upload(client)
+    reply.upload = half.upload(client)
     reply.timings["upload"] = time.perf_counter() - start
 
 
-def receive_client(algorithm: ClientHalf, client: Client, message: Message) -> float:
+def receive_client(half: ClientHalf, client: Client, message: Message) -> float:
     """Apply the server's message; return the seconds it took."""
     start = time.perf_counter()
-    algorithm.receive(client, message)
+    half.receive(client, message)
     return time.perf_counter() - start
 
 
 def clients_round(
-    algorithm: ClientHalf,
+    half: ClientHalf,
     clients: list[Client],
     config: RunConfig,
     work: RoundWork,
     global_test: GlobalTest | None,
 ) -> dict[int, ClientReply]:
     """The client halves of one round for ``clients`` (all of them in the simulator, a
-    worker's share in a client process), phase by phase: evaluate all, train all, upload
-    all. Each reply's ``model`` timing is the time its client spent in model calls."""
+    worker's share in a client process, one on a Flower node), phase by phase: evaluate all,
+    train all, upload all. The global RNG starts from ``(seed, round)``, as the server's
+    does. Each reply's ``model`` timing is the time its client spent in model calls."""
+    seed_everything(derive_seed(config.seed, work.round))
     model_before = [c.model_seconds for c in clients]
     replies = {}
     for client in clients:
         client.round = work.round
-        replies[client.index] = evaluate_client(algorithm, client, work, global_test)
+        replies[client.index] = evaluate_client(half, client, work, global_test)
     if work.train:
         for client in clients:
-            train_client(algorithm, client, config, replies[client.index])
+            train_client(half, client, config, replies[client.index])
         for client in clients:
-            upload_client(algorithm, client, replies[client.index])
+            upload_client(half, client, replies[client.index])
     for client, before in zip(clients, model_before, strict=True):
         replies[client.index].timings["model"] = client.model_seconds - before
     return replies
 
 
-def deliver_to(algorithm: ClientHalf, clients: list[Client], messages: dict[int, Message]) -> float:
+def deliver_to(half: ClientHalf, clients: list[Client], messages: dict[int, Message]) -> float:
     """Hand each of ``clients`` its message, if it has one; the seconds spent receiving."""
-    return sum(
-        receive_client(algorithm, c, messages[c.index]) for c in clients if c.index in messages
-    )
+    return sum(receive_client(half, c, messages[c.index]) for c in clients if c.index in messages)

@@ -1,64 +1,37 @@
-"""The one round loop of every engine, and the server half of set-up.
-
-Set-up: every client sets up its half and reports its facts and set-up upload
-(``client_round.set_up_client``); the server sets up from those alone (``set_up_server``)
-and its first message, if any, reaches every client before round 0 (``RoundLoop.start``).
+"""The one round loop of every engine (the run driver, ``engine.driver``, calls it).
 
 A round t, on the server::
 
-    seed(seed, t) -> transport.client_round(work)          every client: evaluate, train, upload
-                  -> server.aggregate(t, uploads)           the method's server half
+    transport.client_round(work)             every client: evaluate, train, upload (its
+                                             global RNG seeded from (seed, t))
+    seed(seed, t) -> server.aggregate(t, uploads)   the method's server half
                   -> server.configure(t + 1, client ids)    one message per client
                   -> transport.deliver(messages)            every client: receive
 
-The transport decides where the client halves run: in this process (the simulator) or on
-Flower nodes. Both build the same history row, so their records compare key by key.
+The transport decides where the client halves run: in this process (the simulator), in
+client processes or on Flower nodes. All build the same history row, so their records
+compare key by key.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
 
-from fedtsp.algorithms.base import Message, ServerHalf
+from fedtsp.algorithms.base import ServerHalf
 from fedtsp.core.config import ConfigError, RunConfig
-from fedtsp.core.seeding import derive_seed, seed_everything, set_rng_state
-from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
+from fedtsp.core.seeding import derive_seed, seed_everything
+from fedtsp.engine.client_round import ClientReply, RoundWork
 from fedtsp.engine.messages import message_nbytes
 
+if TYPE_CHECKING:
+    from fedtsp.engine.driver import Transport
+
 PHASES = ("evaluate", "train", "upload", "server", "broadcast", "checkpoint")
-
-
-class Transport(Protocol):
-    """Where the client halves run."""
-
-    def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
-        """Every reachable client's reply to one round (missing: a client that failed)."""
-        ...
-
-    def deliver(self, messages: dict[int, Message]) -> float:
-        """Hand each client its message (at once, or with the next round); seconds spent."""
-        ...
-
-
-def set_up_server(
-    server: ServerHalf, replies: dict[int, SetupReply], rng: dict[str, Any]
-) -> Message | None:
-    """The method's server set-up from the clients' facts and set-up uploads (client order);
-    its draws continue the run's stream after the models (``rng``), as the clients' do."""
-    order = sorted(replies)
-    set_rng_state(rng)
-    return server.setup([replies[i].facts for i in order], {i: replies[i].upload for i in order})
-
-
-def setup_bytes(replies: dict[int, SetupReply], first: Message | None) -> dict[str, float]:
-    """The set-up's traffic per client, as the record keeps it beside the rounds'."""
-    ups = [message_nbytes(r.upload) for r in replies.values()]
-    return {"bytes_up_per_client": float(np.mean(ups)), "bytes_down": float(message_nbytes(first))}
 
 
 def global_eval_due(config: RunConfig, round_index: int) -> bool:
@@ -152,14 +125,8 @@ class RoundLoop:
         self.server, self.transport, self.config = server, transport, config
         self.client_ids = list(client_ids)
 
-    def start(self, first: Message | None) -> None:
-        """Deliver the set-up's first message, if it sent one (round 0 of a fresh run)."""
-        if first is not None:
-            self.transport.deliver(dict.fromkeys(self.client_ids, first))
-
     def round(self, round_index: int) -> dict[str, Any]:
         """One round; returns its history row (without the wall time)."""
-        seed_everything(derive_seed(self.config.seed, round_index))
         work = round_work(self.config, round_index)
         replies = self.transport.client_round(work)
         order = sorted(replies)
@@ -173,7 +140,7 @@ class RoundLoop:
         if work.train:
             uploads = {i: replies[i].upload or {} for i in order}  # client order: same sums
             start = time.perf_counter()
-            # The server's draws come from (seed, round), whatever the clients drew here.
+            # The server's draws come from (seed, round), whatever the clients drew.
             seed_everything(derive_seed(self.config.seed, round_index))
             self.server.aggregate(round_index, uploads)
             messages = self.server.configure(round_index + 1, order)

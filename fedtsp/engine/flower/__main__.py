@@ -24,8 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--round-timeout", type=float, default=3600.0)
     args, rest = parser.parse_known_args(argv)
 
-    from fedtsp.engine.flower.core import ClientFailureError, prepare_workdir
     from fedtsp.engine.flower.launch import _outcome, write_app
+    from fedtsp.engine.flower.workdir import ClientFailureError, prepare_workdir
 
     workdir = Path(args.workdir).resolve()
     if args.action == "result":
@@ -39,9 +39,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from fedtsp.cli import _config_from_args, build_parser
     from fedtsp.data import load_dataset
+    from fedtsp.engine.runspec import check_run
 
     run_args = build_parser().parse_args(["run", *rest])
-    config = _config_from_args(run_args)
+    config = check_run(_config_from_args(run_args))
     dataset = load_dataset(config.dataset, run_args.data)
     prepare_workdir(
         config,

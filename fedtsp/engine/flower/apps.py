@@ -10,7 +10,12 @@ Messages (``dst``: who receives it):
 * ``train`` / ``evaluate`` (node): round t with the previous server broadcast as an
   ArrayRecord; the reply carries the evaluation counts, the training loss and timings
   (ConfigRecord) and the client's upload (ArrayRecord). ``evaluate`` closes the run:
-  evaluation only, as the simulator's last round.
+  evaluation only, as the simulator's last round;
+* ``query.state`` (node, when the server's schedule saves a checkpoint): the client's state
+  as its last round left it.
+
+The server side is the engine's one driver (``engine.driver.drive``) over
+:class:`FlowerTransport`, as the simulator's is over its in-process transport.
 
 ``server_app`` / ``client_app`` read the work folder from the run config (``workdir``), as
 ``flwr run`` passes it; :func:`make_apps` binds one explicitly (Flower's simulation engine).
@@ -21,9 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -31,18 +35,19 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedtsp.algorithms import Message as AlgoMessage
 from fedtsp.algorithms.clients import ClientFacts
+from fedtsp.core.results import RunStore
 from fedtsp.engine.client_round import ClientReply, RoundWork, SetupReply
-from fedtsp.engine.flower.core import (
+from fedtsp.engine.driver import drive, run_record
+from fedtsp.engine.flower.workdir import (
     ClientFailureError,
     Failure,
     NodeRuntime,
-    ServerLoop,
     arrays_to_message,
     from_bytes,
     message_to_arrays,
+    server_run,
     to_bytes,
 )
-from fedtsp.engine.loop import RoundLoop
 
 log = logging.getLogger("fedtsp.engine.flower")
 
@@ -142,22 +147,64 @@ class FlowerTransport:
         self,
         grid: Grid,
         targets: dict[int, int],
-        init: dict[int, ConfigRecord],
+        run_json: str,
         device: Any,
         timeout: float,
         on_failure: str,
-        state_due: Callable[[int], bool],
     ) -> None:
-        self.grid, self.targets, self.init = grid, targets, init
+        self.grid, self.targets, self.run_json = grid, targets, run_json
         self.device, self.timeout, self.on_failure = device, timeout, on_failure
-        self.state_due = state_due  # rounds after which every node sends its state
+        self.init: dict[int, ConfigRecord] = {}  # a resumed run's first round: saved states
         self.pending: dict[int, AlgoMessage] = {}
         self.failures: list[Failure] = []
-        self.states: dict[int, bytes] = {}  # each node's state after the last such round
+
+    def set_up(self, rng: dict[str, Any]) -> dict[int, SetupReply]:
+        """Every node sets up its client (from its node file's RNG state) and answers with
+        its facts and set-up upload."""
+        init = ConfigRecord({"run": self.run_json})
+        contents = {i: RecordDict({"init": init}) for i in self.targets}
+        replies, failed = _exchange(
+            self.grid, self.targets, contents, "query.setup", "setup", self.timeout
+        )
+        if failed:
+            reasons = "; ".join(f"client {i}: {why}" for i, why in sorted(failed.items()))
+            raise ClientFailureError(f"set-up failed, no round has run: {reasons}")
+        return {
+            i: SetupReply(
+                ClientFacts.from_json(json.loads(str(r.content["facts"]["json"]))),
+                _message_from(r.content["upload"], self.device),
+            )
+            for i, r in sorted(replies.items())
+        }
+
+    def restore(
+        self, rng: dict[str, Any], states: dict[int, bytes], pending: dict[int, AlgoMessage]
+    ) -> None:
+        """The saved states go with the first round's messages, and so do the messages the
+        clients had not received."""
+        self.init = {i: ConfigRecord({"run": self.run_json, "blob": b}) for i, b in states.items()}
+        self.pending = dict(pending)
 
     def deliver(self, messages: dict[int, AlgoMessage]) -> float:
         self.pending = dict(messages)
         return 0.0
+
+    def snapshot(self) -> tuple[dict[int, bytes], dict[int, AlgoMessage]]:
+        """Every node's state, asked for now (``query.state``), and the undelivered messages."""
+        contents = {i: RecordDict() for i in self.targets}
+        replies, failed = _exchange(
+            self.grid, self.targets, contents, "query.state", "state", self.timeout
+        )
+        if failed:
+            raise ClientFailureError(f"nodes did not send their state for a checkpoint: {failed}")
+        states = {i: bytes(r.content["state"]["blob"]) for i, r in sorted(replies.items())}
+        return states, dict(self.pending)
+
+    def analysis_artifacts(self) -> dict[str, Any]:
+        return {}  # they need every client in one place: the simulator's only
+
+    def close(self) -> None:
+        """The nodes belong to Flower."""
 
     def client_round(self, work: RoundWork) -> dict[int, ClientReply]:
         records: dict[int, ArrayRecord] = {}  # one record per distinct message object
@@ -173,10 +220,9 @@ class FlowerTransport:
                 "gfl_client": -1 if work.gfl_client is None else work.gfl_client,
                 # receive() runs after every server step, before round 0 only if set-up sent one
                 "has_broadcast": message is not None,
-                "send_state": self.state_due(work.round),
             }
             content = {"broadcast": records[id(message)], "round": ConfigRecord(spec)}
-            if i in self.init:  # the first round also ships the client's initial state
+            if i in self.init:  # a resumed run's first round also ships the client's state
                 content["init"] = self.init[i]
             contents[i] = RecordDict(content)
         kind = "train" if work.train else "evaluate"
@@ -190,9 +236,6 @@ class FlowerTransport:
             log.error("%s", failure.sentence())
         if failed and (self.on_failure == "stop" or not self.targets):
             raise _StopRun
-        for i, reply in replies.items():
-            if "state" in reply.content:
-                self.states[i] = bytes(reply.content["state"]["blob"])
         return {
             i: ClientReply.from_json(
                 json.loads(str(r.content["reply"]["json"])),
@@ -204,10 +247,6 @@ class FlowerTransport:
 
 class _StopRun(Exception):
     """Clients failed and the failure policy ends the run."""
-
-
-class _Interrupted(Exception):
-    """The run ends early on purpose (run.json's stop_after); its checkpoint stays."""
 
 
 def _handshake(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
@@ -233,106 +272,75 @@ def _handshake(grid: Grid, num_clients: int, timeout: float) -> dict[int, int]:
     return targets
 
 
-def _set_up_nodes(
-    grid: Grid, targets: dict[int, int], run_json: str, device: Any, timeout: float
-) -> dict[int, SetupReply]:
-    """Every node sets up its client and answers with its facts and set-up upload."""
-    contents = {i: RecordDict({"init": ConfigRecord({"run": run_json})}) for i in targets}
-    replies, failed = _exchange(grid, targets, contents, "query.setup", "setup", timeout)
-    if failed:
-        reasons = "; ".join(f"client {i}: {why}" for i, why in sorted(failed.items()))
-        raise ClientFailureError(f"set-up failed, no round has run: {reasons}")
-    return {
-        i: SetupReply(
-            ClientFacts.from_json(json.loads(str(r.content["facts"]["json"]))),
-            _message_from(r.content["upload"], device),
-        )
-        for i, r in sorted(replies.items())
-    }
-
-
 def serve(grid: Grid, workdir: str | Path) -> dict[str, Any]:
-    """The ServerApp's body: set up, map nodes to clients, run every round, write the record."""
+    """The ServerApp's body: map nodes to clients, then the engine's driver runs the run
+    (set-up or resume, rounds, checkpoints, record) over this grid."""
     wall_start = time.perf_counter()
-    loop = ServerLoop(Path(workdir))
-    cfg, run = loop.config, loop.run
-    timeout = float(run["round_timeout"])
+    spec, run = server_run(workdir)
+    cfg, store = run.config, RunStore(spec["out"])
+    timeout = float(spec["round_timeout"])
     targets = _handshake(grid, cfg.num_clients, timeout)
-    run_json = json.dumps(run)
-    saved = loop.resume_state()
-    blobs = {} if saved is None else saved["clients"]
-    init = {i: ConfigRecord({"run": run_json, "blob": blob}) for i, blob in blobs.items()}
     transport = FlowerTransport(
-        grid, targets, init, cfg.device, timeout, run["on_failure"], loop.checkpoint_due
+        grid, targets, json.dumps(spec), cfg.device, timeout, spec["on_failure"]
     )
-    rounds = RoundLoop(loop.server, transport, cfg, sorted(targets))
-    if saved is None:
-        start, history = 0, []
-        replies = _set_up_nodes(grid, targets, run_json, cfg.device, timeout)
-        rounds.start(loop.set_up(replies))
-    else:
-        start, history = saved["round"] + 1, saved["history"]
-        transport.pending = saved["pending"]
-        log.info("resuming run %s after round %d", run["key"], saved["round"])
     nodes = {"nodes": {str(i): targets[i] for i in sorted(targets)}}
 
     def extra() -> dict[str, Any]:
-        return nodes | {"failures": [vars(f) for f in transport.failures]}
+        failures = {"failures": [vars(f) for f in transport.failures]}
+        return {"engine": spec["engine"]} | nodes | failures
 
-    def keep(t: int, row: dict[str, Any]) -> None:
-        if loop.checkpoint_due(t) and not transport.failures:
-            begin = time.perf_counter()
-            loop.save_checkpoint(t, transport.states, transport.pending, history)
-            row["timings"]["checkpoint"] = time.perf_counter() - begin
+    def record(history: list[dict], status: str, more: dict[str, Any] | None = None) -> dict:
         wall = time.perf_counter() - wall_start
-        status = "interrupted" if run["stop_after"] == t + 1 else "running"
-        loop.save_incomplete(loop.record(history, status, extra(), wall))
+        return run_record(run, history, status, wall, _environment(), extra() | (more or {}))
+
+    def keep(t: int, row: dict[str, Any], history: list[dict]) -> None:
+        # What a launcher in another process reads while the run goes on (and where it stops).
+        status = "interrupted" if spec["stop_after"] == t + 1 else "running"
+        store.save_incomplete(record(history, status))
         log.info("round %d: acc %.4f", t, row["acc"])
-        if status == "interrupted":
-            raise _Interrupted
+
+    so_far: dict[str, list[dict]] = {"history": []}  # the rounds done, for a failure record
+
+    def after_round(t: int, row: dict[str, Any], history: list[dict]) -> None:
+        so_far["history"] = history
+        keep(t, row, history)
 
     try:
-        rounds.run(start, cfg.rounds + 1, history, keep)
-    except _Interrupted:
-        return loop.record(history, "interrupted", extra(), time.perf_counter() - wall_start)
+        return drive(
+            run,
+            transport,
+            store,
+            resume=spec["resume"],
+            stop_after=spec["stop_after"],
+            checkpoint_every=spec["checkpoint_every"],
+            environment=_environment(),
+            extra=extra,
+            after_round=after_round,
+            wall_start=wall_start,
+        )
     except Exception as exc:
         if not transport.failures:
             raise
+        history = so_far["history"]
         if not isinstance(exc, _StopRun):
             reason = f"the server step failed without them: {exc}"
             transport.failures.append(Failure(-1, -1, len(history), reason))
-        _stop(loop, history, extra(), transport.failures, wall_start)
-
-    failures = transport.failures
-    status = "complete_with_failures" if failures else "complete"
-    record = loop.record(history, status, extra(), time.perf_counter() - wall_start)
-    if failures:
-        # Not the config's nominal result: kept beside the store, never served as a cache hit.
-        loop.save_incomplete(record)
-    else:
-        loop.store.save(record, loop.artifacts())
-        loop.incomplete_path().unlink(missing_ok=True)
-        loop.store.checkpoint_path(run["key"]).unlink(missing_ok=True)
-    return record
+        message = (
+            f"{'; '.join(f.sentence() for f in transport.failures)}; the run stops here "
+            f"(on_failure={spec['on_failure']}); the {len(history)} round(s) evaluated so far "
+            f"are kept in {store.incomplete_path(run.key)}"
+        )
+        store.save_incomplete(record(history, "failed", {"error": message}))
+        raise ClientFailureError(message) from None
 
 
-def _stop(
-    loop: ServerLoop,
-    history: list[dict[str, Any]],
-    extra: dict[str, Any],
-    failures: list[Failure],
-    wall_start: float,
-) -> NoReturn:
-    """Keep every finished round (status failed) and stop with one clear sentence."""
-    message = (
-        f"{'; '.join(f.sentence() for f in failures)}; the run stops here "
-        f"(on_failure={loop.run['on_failure']}); the {len(history)} round(s) evaluated so far "
-        f"are kept in {loop.incomplete_path()}"
-    )
-    wall = time.perf_counter() - wall_start
-    record = loop.record(history, "failed", extra | {"error": message}, wall)
-    loop.save_incomplete(record)
-    raise ClientFailureError(message)
+def _environment() -> dict[str, Any]:
+    try:
+        import flwr
+
+        return {"flwr": flwr.__version__}
+    except ImportError:  # pragma: no cover - the adapter is only used with flwr
+        return {"flwr": None}
 
 
 # ---- node ---------------------------------------------------------------------------------
@@ -435,9 +443,13 @@ def make_apps(workdir: str | Path | None = None) -> tuple[ServerApp, ClientApp]:
         content = RecordDict({"reply": ConfigRecord({"json": json.dumps(reply.to_json())})})
         if work.train:
             content["upload"] = _arrays(reply.upload)
-        if spec["send_state"]:  # for the server's checkpoint
-            content["state"] = ConfigRecord({"blob": node.blob()})
         return Message(content, reply_to=msg)
+
+    @client.query("state")
+    def _state(msg: Message, context: Context) -> Message:
+        """The client's state as the last round left it, for the server's checkpoint."""
+        blob = context.state[_STATE_KEY]["blob"]
+        return Message(RecordDict({"state": ConfigRecord({"blob": blob})}), reply_to=msg)
 
     client.train()(_round)
     client.evaluate()(_round)

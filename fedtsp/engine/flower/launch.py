@@ -24,7 +24,12 @@ import torch
 from fedtsp.core.config import RunConfig
 from fedtsp.core.results import RunStore
 from fedtsp.engine.build import Datasets, load_datasets
-from fedtsp.engine.flower.core import ClientFailureError, load_run, prepare_workdir
+from fedtsp.engine.flower.workdir import (
+    ClientFailureError,
+    engine_key,
+    load_run,
+    prepare_workdir,
+)
 from fedtsp.engine.runspec import check_run
 
 FLOWER_MISSING = (
@@ -323,7 +328,7 @@ def run_flower(
     round_timeout: float = 3600.0,
     num_cpus: int = 1,
     resume: bool = False,
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """Run one experiment on Flower and return its run record (from the store if present).
@@ -334,11 +339,23 @@ def run_flower(
     """
     require_flower()
     check_run(config)
-    dataset = load_datasets(config, data, dataset)
+    datasets = load_datasets(config, data, dataset)
+    store = RunStore(out)
+    key = engine_key(config, datasets, engine)
+    cached = store.load(key)
+    if cached is not None and not force:  # before any node file is written
+        cached["cache_hit"] = True
+        return cached
+    if force:
+        store.checkpoint_path(key).unlink(missing_ok=True)
+    elif not resume:
+        store.refuse_unfinished(key)
+    for stale in (store.record_path(key), store.incomplete_path(key)):
+        stale.unlink(missing_ok=True)
     workdir = Path(workdir) if workdir is not None else Path(out) / "flower-work"
-    run = prepare_workdir(
+    prepare_workdir(
         config,
-        dataset,
+        datasets,
         workdir,
         out=out,
         engine=engine,
@@ -347,18 +364,8 @@ def run_flower(
         resume=resume,
         checkpoint_every=checkpoint_every,
         stop_after=stop_after,
+        key=key,
     )
-    store = RunStore(out)
-    cached = store.load(run["key"])
-    if cached is not None and not force:
-        cached["cache_hit"] = True
-        return cached
-    if force:
-        store.checkpoint_path(run["key"]).unlink(missing_ok=True)
-    elif not resume:
-        store.refuse_unfinished(run["key"])
-    for stale in (store.record_path(run["key"]), Path(out) / "incomplete" / f"{run['key']}.json"):
-        stale.unlink(missing_ok=True)
     if engine == "flower-sim":
         return run_simulation_engine(workdir, num_cpus=num_cpus)
     return run_processes(workdir)

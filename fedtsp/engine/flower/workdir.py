@@ -1,4 +1,4 @@
-"""Engine-independent pieces of the Flower adapter: the work folder, the server loop, the node.
+"""The Flower work folder and what a node builds from it.
 
 A Flower run is split the way a real federation is:
 
@@ -7,18 +7,16 @@ A Flower run is split the way a real federation is:
   of ``engine.build.initial_models``; nothing of any client) and one ``node-<i>.npz`` per
   client with that client's train/test images and starting model, built as the simulator
   builds it: what is handed to each node;
-* the server (:class:`ServerLoop`, run inside Flower's ServerApp) owns the method's server
-  half and its state (e.g. FedTSP's text encoder and prompts); it sets up from the facts and
-  set-up uploads the nodes send in a ``query.setup`` exchange, and the rounds are the
-  engine's :class:`fedtsp.engine.loop.RoundLoop`, the simulator's;
-* a node (:class:`NodeRuntime`, run inside Flower's ClientApp) holds one client and the
+* the server (``apps.serve``, inside Flower's ServerApp) builds the run's server side from
+  ``run.json`` and ``server.npz`` (:func:`server_run`) and drives it with the engine's one
+  driver (``engine.driver.drive``) over a Flower transport;
+* a node (:class:`NodeRuntime`, inside Flower's ClientApp) holds one client and the
   method's client half: data, model, optimiser and client state, kept in the node's Flower
-  ``Context.state`` between rounds (and cached while the same process serves the node).
+  ``Context.state`` between rounds (``Client.state_dict``, as in a checkpoint).
 
-Seeding is the simulator's: the global RNG is reseeded with ``derive_seed(seed, t)`` at the
-start of round t (on the server and on every node) and each client's batch order comes from
-``derive_seed(seed, t, i)``, so per-round accuracies equal the simulator's whenever local
-training draws nothing from the global RNG (no dropout).
+Seeding is the simulator's: each client's round starts from ``derive_seed(seed, t)``
+(``client_round.clients_round``) and the server reseeds before its step, so per-round
+accuracies equal the simulator's.
 """
 
 from __future__ import annotations
@@ -26,45 +24,44 @@ from __future__ import annotations
 import io
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Message, get_algorithm, resolve_options
-from fedtsp.algorithms.base import ClientHalf, ServerHalf
-from fedtsp.algorithms.clients import Client, ClientFacts
+from fedtsp.algorithms import Message
+from fedtsp.algorithms.base import ClientHalf
+from fedtsp.algorithms.clients import Client
 from fedtsp.core.atomic import atomic_write_bytes
 from fedtsp.core.config import ConfigError, RunConfig
-from fedtsp.core.results import RunStore, json_default
-from fedtsp.core.seeding import derive_seed, seed_everything
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
     Datasets,
     client_data,
+    client_half,
     client_model,
     data_identity,
     initial_models,
     load_datasets,
     make_client,
-    resolve_feature_dim,
+    method_feature_dim,
     run_context,
+    server_half,
 )
 from fedtsp.engine.client_round import (
     ClientReply,
     RoundWork,
     SetupReply,
-    evaluate_client,
+    clients_round,
     receive_client,
+    restore_client,
     set_up_client,
-    train_client,
-    upload_client,
 )
-from fedtsp.engine.loop import checkpoint_due, round_work, set_up_server, setup_bytes
-from fedtsp.engine.record import federated_record
-from fedtsp.engine.runspec import check_run, run_key
+from fedtsp.engine.driver import Run
+from fedtsp.engine.loop import round_work
+from fedtsp.engine.runspec import run_key
 
 log = logging.getLogger("fedtsp.engine.flower")
 
@@ -122,13 +119,15 @@ def prepare_workdir(
     on_failure: str = "stop",
     round_timeout: float = 3600.0,
     resume: bool = False,
-    checkpoint_every: int = 1,
+    checkpoint_every: int | None = None,
     stop_after: int | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
     """Write run.json, server.npz and node-<i>.npz (data and starting model); return
-    run.json's content.
+    run.json's content. The config is checked by the caller (``run_flower``, ``check_run``).
 
-    ``resume``: continue from the run's checkpoint, if there is one. ``stop_after``: end
+    ``resume``: continue from the run's checkpoint, if there is one. ``checkpoint_every``:
+    as the simulator's (unset: automatic, near 1 % of the wall time). ``stop_after``: end
     the run after that many rounds, as an interruption would (the checkpoint stays).
     """
 
@@ -140,12 +139,11 @@ def prepare_workdir(
         )
     if not round_timeout > 0:
         raise ConfigError(f"round_timeout={round_timeout} is invalid; must be > 0 seconds")
-    if checkpoint_every < 1:
+    if checkpoint_every is not None and (
+        isinstance(checkpoint_every, bool) or checkpoint_every < 1
+    ):
         raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
-    check_run(config)
-    algorithm_cls = get_algorithm(config.algorithm)
-    options = resolve_options(config.algorithm, config.algo_options)
-    feature_dim = resolve_feature_dim(config, algorithm_cls, options)
+    feature_dim = method_feature_dim(config)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     datasets = load_datasets(config, None, dataset)
@@ -166,7 +164,7 @@ def prepare_workdir(
         _save_npz(workdir / f"node-{i}.npz", arrays)
     _save_npz(workdir / "server.npz", {SETUP_RNG: rng_bytes})
     run = {
-        "key": engine_key(config, datasets, engine),
+        "key": key or engine_key(config, datasets, engine),
         "engine": engine,
         "config": config.to_dict(),
         "feature_dim": feature_dim,
@@ -177,7 +175,7 @@ def prepare_workdir(
         "on_failure": on_failure,
         "round_timeout": float(round_timeout),
         "resume": bool(resume),
-        "checkpoint_every": int(checkpoint_every),
+        "checkpoint_every": checkpoint_every,
         "stop_after": stop_after,
     }
     atomic_write_bytes(workdir / "run.json", json.dumps(run, indent=1, default=str).encode())
@@ -220,119 +218,24 @@ class Failure:
         )
 
 
-@dataclass
-class ServerLoop:
-    """The server side of one run: algorithm state, the round loop, the run record."""
-
-    workdir: Path
-    run: dict[str, Any] = field(init=False)
-    config: RunConfig = field(init=False)
-    server: ServerHalf = field(init=False)
-    setup_replies: dict[int, SetupReply] = field(init=False, default_factory=dict)
-    setup_traffic: dict[str, float] | None = field(init=False, default=None)
-
-    def __post_init__(self) -> None:
-        self.workdir = Path(self.workdir)
-        self.run = load_run(self.workdir)
-        self.config = RunConfig.from_dict(self.run["config"])
-        cfg, meta = self.config, self.run["dataset"]
-        options = resolve_options(cfg.algorithm, cfg.algo_options)
-        context = run_context(cfg, meta["classes"], self.run["feature_dim"], self.run["groups"])
-        self.server = get_algorithm(cfg.algorithm).Server(options, context)
-
-    def set_up(self, replies: dict[int, SetupReply]) -> Message | None:
-        """The server half's set-up from the nodes' set-up replies; returns its first message."""
-        with np.load(self.workdir / "server.npz") as arrays:
-            rng = from_bytes(arrays[SETUP_RNG].tobytes())
-        self.setup_replies = dict(replies)
-        first = set_up_server(self.server, replies, rng)
-        self.setup_traffic = setup_bytes(replies, first)
-        return first
-
-    @property
-    def store(self) -> RunStore:
-        return RunStore(self.run["out"])
-
-    def incomplete_path(self) -> Path:
-        return Path(self.run["out"]) / "incomplete" / f"{self.run['key']}.json"
-
-    def checkpoint_due(self, round_index: int) -> bool:
-        run = self.run
-        return checkpoint_due(self.config, round_index, run["checkpoint_every"], run["stop_after"])
-
-    def save_checkpoint(
-        self,
-        round_index: int,
-        client_blobs: dict[int, bytes],
-        pending: dict[int, Message],
-        history: list[dict[str, Any]],
-    ) -> None:
-        """The server's state, every node's state and the messages not yet received."""
-        state = {
-            "round": round_index,
-            "clients": client_blobs,
-            # The set-up's inputs: a resumed server sets up again from them, then loads.
-            "setup": {i: (r.facts.to_json(), r.upload) for i, r in self.setup_replies.items()},
-            "algorithm": self.server.state_dict(),
-            "pending": pending,
-            "history": history,
-        }
-        self.store.save_checkpoint(self.run["key"], state)
-
-    def resume_state(self) -> dict[str, Any] | None:
-        """The checkpoint to continue from (run.json's ``resume`` and one exists), set up and
-        loaded into the server half; else None."""
-        key = self.run["key"]
-        if not self.run["resume"] or not self.store.checkpoint_path(key).exists():
-            return None
-        state = self.store.load_checkpoint(key, self.config.device)
-        replies = {
-            i: SetupReply(ClientFacts.from_json(facts), upload)
-            for i, (facts, upload) in state["setup"].items()
-        }
-        self.set_up(replies)
-        self.server.load_state_dict(state["algorithm"])
-        return state
-
-    def record(
-        self, history: list[dict], status: str, extra: dict[str, Any], wall_seconds: float
-    ) -> dict[str, Any]:
-        """The simulator's record plus the engine, its nodes and any failures."""
-        return federated_record(
-            key=self.run["key"],
-            status=status,
-            config=self.config,
-            algo_options=self.server.opts,
-            feature_dim=self.run["feature_dim"],
-            dataset=self.run["dataset"],
-            partition=self.run["partition"],
-            history=history,
-            wall_seconds=wall_seconds,
-            environment={"flwr": _flwr_version()},
-            server=self.server.record_extras(),
-            setup=self.setup_traffic,
-            extra={"engine": self.run["engine"]} | extra,
-        )
-
-    def save_incomplete(self, record: dict[str, Any]) -> Path:
-        path = self.incomplete_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(path, json.dumps(record, indent=1, default=json_default).encode())
-        return path
-
-    def artifacts(self) -> dict[str, np.ndarray]:
-        """The server half's artefacts (``analysis_artifacts`` need every client: simulator
-        only)."""
-        return {k: v.detach().cpu().float().numpy() for k, v in self.server.artifacts().items()}
-
-
-def _flwr_version() -> str | None:
-    try:
-        import flwr
-
-        return flwr.__version__
-    except ImportError:  # pragma: no cover - the adapter is only used with flwr
-        return None
+def server_run(workdir: str | Path) -> tuple[dict[str, Any], Run]:
+    """run.json's content and the run's server side, as ``prepare_workdir`` left them."""
+    spec = load_run(workdir)
+    config, meta = RunConfig.from_dict(spec["config"]), spec["dataset"]
+    with np.load(Path(workdir) / "server.npz") as arrays:
+        rng = from_bytes(arrays[SETUP_RNG].tobytes())
+    ctx = run_context(config, meta["classes"], spec["feature_dim"], spec["groups"])
+    dataset = {k: meta[k] for k in ("name", "source", "checksum", "classes")}
+    run = Run(
+        config,
+        spec["key"],
+        server_half(config, ctx),
+        rng,
+        dataset,
+        spec["partition"],
+        spec["feature_dim"],
+    )
+    return spec, run
 
 
 # ---- a node -------------------------------------------------------------------------------
@@ -372,50 +275,21 @@ class NodeRuntime:
         model = _build_model(run, cfg, index)
         model.load_state_dict(initial)
         client = make_client(cfg, index, model, (train_x, train_y), (test_x, test_y), len(classes))
-        options = resolve_options(cfg.algorithm, cfg.algo_options)
-        half = get_algorithm(cfg.algorithm).Client(
-            options, run_context(cfg, classes, run["feature_dim"], run["groups"])
-        )
+        half = client_half(cfg, run_context(cfg, classes, run["feature_dim"], run["groups"]))
         node = cls(cfg, client, half, global_test)
         if blob is None:
             node.setup_reply = set_up_client(half, client, cfg, rng)
         else:
-            node.load_blob(blob)
+            restore_client(half, client, cfg, rng, from_bytes(blob, cfg.device))
         return node
 
-    def load_blob(self, blob: bytes) -> None:
-        saved = from_bytes(blob, self.config.device)
-        client = self.client
-        client.model.load_state_dict(saved["model"])
-        client.state = saved["state"]
-        client.model_seconds = saved["model_seconds"]
-        client.optimizer = torch.optim.SGD(self.half.client_parameters(client), lr=self.config.lr)
-        if saved["optimizer"] is not None:
-            client.optimizer.load_state_dict(saved["optimizer"])
-
     def blob(self) -> bytes:
-        """The client's persistent state: model weights, optimiser state, method state."""
-        client = self.client
-        return to_bytes(
-            {
-                "model": client.model.state_dict(),
-                "optimizer": client.optimizer.state_dict() if client.optimizer else None,
-                "state": client.state,  # modules (shared models, generators) pickled whole
-                "model_seconds": client.model_seconds,
-            }
-        )
+        """The client's persistent state (``Client.state_dict``, as in a checkpoint)."""
+        return to_bytes(self.client.state_dict())
 
     def round(self, work: RoundWork, message: Message | None) -> ClientReply:
         """receive -> evaluate -> (train -> upload): this client's half of one round."""
-        cfg, client, algo = self.config, self.client, self.half
-        model_before = client.model_seconds
-        received = 0.0 if message is None else receive_client(algo, client, message)
-        seed_everything(derive_seed(cfg.seed, work.round))  # as the server, every round
-        client.round = work.round
-        reply = evaluate_client(algo, client, work, self.global_test)
-        reply.timings["broadcast"] = received
-        if work.train:
-            train_client(algo, client, cfg, reply)
-            upload_client(algo, client, reply)
-        reply.timings["model"] = client.model_seconds - model_before
-        return reply
+        received = 0.0 if message is None else receive_client(self.half, self.client, message)
+        reply = clients_round(self.half, [self.client], self.config, work, self.global_test)
+        reply[self.client.index].timings["broadcast"] = received
+        return reply[self.client.index]
