@@ -227,3 +227,17 @@ def test_context_reads_floors_and_plateaus_from_a_runs_frame():
     }
     top5 = C.context(frame, "best_top5", method="A")
     assert top5 == {"floor": 99.0, "ceiling": 95.0, "converged": True, "rounds": 20}
+
+
+def test_derived_numbers_are_written_at_the_stated_precision():
+    from fedtsp.paper.tables import to_csv
+
+    # 0.1 + 0.2 and 0.3 differ in the last bit, as sums taken in another order do.
+    frame = pd.DataFrame({"x": [0.1 + 0.2, 0.3, 1 / 3, 12345.678901234], "n": [1, 2, 3, 4]})
+    assert to_csv(frame).splitlines() == [
+        "x,n",
+        "0.3,1",
+        "0.3,2",
+        "0.3333333333,3",
+        "12345.6789,4",
+    ]

@@ -19,7 +19,7 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.paths import scrub_paths
 from fedtsp.core.results import code_version
 from fedtsp.paper import claims as _claims
-from fedtsp.paper.tables import UNCONVERGED, UNCONVERGED_NOTE, to_latex, to_markdown
+from fedtsp.paper.tables import UNCONVERGED, UNCONVERGED_NOTE, to_csv, to_latex, to_markdown
 
 INDEX_HEADER = """# Results
 
@@ -167,7 +167,7 @@ class ResultsWriter:
         if table.map(lambda v: isinstance(v, str) and v.endswith(UNCONVERGED)).any().any():
             footer += f"\n\n{UNCONVERGED_NOTE}"
         files = [base.with_suffix(".csv"), base.with_suffix(".md"), base.with_suffix(".tex")]
-        atomic_write_text(files[0], marked.to_csv(index=False))
+        atomic_write_text(files[0], to_csv(marked))
         atomic_write_text(files[1], to_markdown(table, bold) + footer + "\n")
         atomic_write_text(files[2], to_latex(table, bold, caption))
         self._record("table", name, files, target, runs, notes)
@@ -187,7 +187,7 @@ class ResultsWriter:
         """Save this notebook's tested claims (`claims/<notebook>.csv`) and rewrite the
         profile's `claims.md` / `claims.csv` from every notebook's findings."""
         path = self.root / "claims" / f"{self.notebook}.csv"
-        atomic_write_text(path, _claims.findings_frame(findings).to_csv(index=False))
+        atomic_write_text(path, to_csv(_claims.findings_frame(findings)))
         report = _claims.write_report(self.root, self.profile)
         ids = ", ".join(dict.fromkeys(f.claim for f in findings))
         self._record("claims", self.notebook, [path, report], f"claims {ids}", runs, "")

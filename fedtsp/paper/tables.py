@@ -152,6 +152,17 @@ def _cells(table: pd.DataFrame, bold: pd.DataFrame | None, fmt: str) -> list[lis
     return rows
 
 
+# Derived numbers go to CSV with 10 significant digits: more than any reading needs, and short
+# of the last bits that float summation order (thread count, CPU) changes between machines,
+# so regenerating the outputs elsewhere changes no committed byte.
+CSV_FLOAT_FORMAT = "%.10g"
+
+
+def to_csv(table: pd.DataFrame) -> str:
+    """``table`` as CSV text, numbers at the package's stated precision."""
+    return table.to_csv(index=False, float_format=CSV_FLOAT_FORMAT)
+
+
 def to_markdown(table: pd.DataFrame, bold: pd.DataFrame | None = None) -> str:
     """A GitHub-flavoured Markdown table; cells marked in `bold` are **bold**."""
     cols = [str(c) for c in table.columns]

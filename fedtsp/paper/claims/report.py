@@ -11,7 +11,7 @@ import pandas as pd
 from fedtsp.core.atomic import atomic_write_text
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS
 from fedtsp.paper.claims.rule import NOT_TESTABLE, RULE, VERDICTS, Finding, overall
-from fedtsp.paper.tables import to_markdown
+from fedtsp.paper.tables import to_csv, to_markdown
 
 
 def findings_frame(findings: Iterable[Finding]) -> pd.DataFrame:
@@ -125,6 +125,6 @@ def write_report(folder: Path, profile: str) -> Path:
         on="claim",
         how="left",
     )
-    atomic_write_text(folder / "claims.csv", merged.to_csv(index=False))
+    atomic_write_text(folder / "claims.csv", to_csv(merged))
     atomic_write_text(folder / "claims_summary.md", to_markdown(summary) + "\n")
     return folder / "claims.md"
