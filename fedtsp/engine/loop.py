@@ -50,6 +50,14 @@ def checkpoint_due(
     return round_index < config.rounds and (done % every == 0 or stop_after == done)
 
 
+def check_every(every: int | None) -> int | None:
+    """A checkpoint period: None (automatic) or an integer >= 1, else a one-line ConfigError
+    (callers check it before any work)."""
+    if every is not None and (isinstance(every, bool) or every < 1):
+        raise ConfigError(f"checkpoint_every={every} is invalid; must be >= 1 (or unset)")
+    return every
+
+
 # Auto checkpoints ("every" unset) keep their cost near this share of a run's wall time.
 CHECKPOINT_SHARE = 0.01
 
@@ -66,9 +74,7 @@ class CheckpointSchedule:
     """
 
     def __init__(self, config: RunConfig, every: int | None, stop_after: int | None = None) -> None:
-        if every is not None and (isinstance(every, bool) or every < 1):
-            raise ConfigError(f"checkpoint_every={every} is invalid; must be >= 1 (or unset)")
-        self.config, self.every, self.stop_after = config, every, stop_after
+        self.config, self.every, self.stop_after = config, check_every(every), stop_after
         self.cost = 0.0  # seconds the last save took
         self.last = time.perf_counter()
 

@@ -50,7 +50,7 @@ from fedtsp.engine.client_round import (
     set_up_client,
 )
 from fedtsp.engine.driver import Run, drive, setup_bytes, start
-from fedtsp.engine.loop import RoundLoop
+from fedtsp.engine.loop import RoundLoop, check_every
 from fedtsp.engine.runspec import check_run
 
 log = logging.getLogger("fedtsp")
@@ -204,6 +204,7 @@ def run_experiment(
     """
     wall_start = time.perf_counter()
     check_client_workers(client_workers)
+    check_every(checkpoint_every)
     check_run(config)
     datasets = load_datasets(config, data, dataset)
     store = RunStore(out)

@@ -26,6 +26,7 @@ from fedtsp.core.results import RunStore
 from fedtsp.engine.build import Datasets, load_datasets
 from fedtsp.engine.flower.workdir import (
     ClientFailureError,
+    check_flower_options,
     engine_key,
     load_run,
     prepare_workdir,
@@ -338,6 +339,7 @@ def run_flower(
     state and the messages not yet delivered, so a resumed run ends identical.
     """
     require_flower()
+    check_flower_options(engine, on_failure, round_timeout, checkpoint_every)
     check_run(config)
     datasets = load_datasets(config, data, dataset)
     store = RunStore(out)

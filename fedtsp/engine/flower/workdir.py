@@ -60,7 +60,7 @@ from fedtsp.engine.client_round import (
     set_up_client,
 )
 from fedtsp.engine.driver import Run
-from fedtsp.engine.loop import round_work
+from fedtsp.engine.loop import check_every, round_work
 from fedtsp.engine.runspec import run_key
 
 log = logging.getLogger("fedtsp.engine.flower")
@@ -109,6 +109,21 @@ def engine_key(config: RunConfig, datasets: dict[str, ImageDataset], engine: str
     return run_key(config, data_identity(config, datasets) | {"engine": engine})
 
 
+def check_flower_options(
+    engine: str, on_failure: str, round_timeout: float, checkpoint_every: int | None
+) -> None:
+    """The Flower run's own options, each a one-line ConfigError before any work."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine={engine!r} is invalid; choose one of {', '.join(ENGINES)}")
+    if on_failure not in FAILURE_POLICIES:
+        raise ConfigError(
+            f"on_failure={on_failure!r} is invalid; choose one of {', '.join(FAILURE_POLICIES)}"
+        )
+    if not round_timeout > 0:
+        raise ConfigError(f"round_timeout={round_timeout} is invalid; must be > 0 seconds")
+    check_every(checkpoint_every)
+
+
 def prepare_workdir(
     config: RunConfig,
     dataset: Datasets,
@@ -130,19 +145,7 @@ def prepare_workdir(
     as the simulator's (unset: automatic, near 1 % of the wall time). ``stop_after``: end
     the run after that many rounds, as an interruption would (the checkpoint stays).
     """
-
-    if engine not in ENGINES:
-        raise ConfigError(f"engine={engine!r} is invalid; choose one of {', '.join(ENGINES)}")
-    if on_failure not in FAILURE_POLICIES:
-        raise ConfigError(
-            f"on_failure={on_failure!r} is invalid; choose one of {', '.join(FAILURE_POLICIES)}"
-        )
-    if not round_timeout > 0:
-        raise ConfigError(f"round_timeout={round_timeout} is invalid; must be > 0 seconds")
-    if checkpoint_every is not None and (
-        isinstance(checkpoint_every, bool) or checkpoint_every < 1
-    ):
-        raise ConfigError(f"checkpoint_every={checkpoint_every} is invalid; must be >= 1")
+    check_flower_options(engine, on_failure, round_timeout, checkpoint_every)
     feature_dim = method_feature_dim(config)
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
