@@ -4,11 +4,14 @@ that drive a method's two halves through the engine and record what crossed it."
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import io
 import json
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,6 +35,17 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 CIFAR10_ARCHIVE = SHARED_DATA / "cifar10-jpg.tar.gz"
 
 CIFAR10_CLASSES = list(dataset_info("cifar10").classes)
+
+
+def load_script(path: str) -> ModuleType:
+    """A script under benchmarks/ (e.g. "audits/speed_vs_htfllib") as a module, with its own
+    folder importable as when it runs."""
+    file = REPO / "benchmarks" / f"{path}.py"
+    sys.path.insert(0, str(file.parent))
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -2,26 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
+from conftest import REPO, load_script
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 
-def _load(name: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-readme = _load("readme")
+readme = load_script("readme")
 
 # The README's performance figures: each block is a committed benchmark output.
 EXPECTED_BLOCKS = {
@@ -85,7 +74,7 @@ def test_sync_rewrites_a_stale_block_and_refuses_a_missing_file(tmp_path):
 
 
 def test_speed_table_reports_speed_ups_and_a_skipped_fast_path():
-    speed = _load("speed_vs_htfllib")
+    speed = load_script("audits/speed_vs_htfllib")
     # Overheads 1 %, 2 %, 4 %: the median share, 2 %, is what the table shows.
     runs = [
         {"s_per_round": 20.0, "phases": {"model": 19.5 - share, "server": 0.5}}
@@ -110,7 +99,7 @@ def test_speed_table_reports_speed_ups_and_a_skipped_fast_path():
 
 
 def test_fast_path_verdict_compares_the_paired_difference_with_seed_noise():
-    fast = _load("fast_path_accuracy")
+    fast = load_script("audits/fast_path_accuracy")
     exact = [50.0, 52.0, 54.0]  # seed noise: sample std 2.0
     kept = fast.paired(exact, [51.0, 52.0, 56.0])  # differences 1, 0, 2
     assert kept["mean_difference"] == pytest.approx(1.0)
@@ -124,7 +113,7 @@ def test_fast_path_verdict_compares_the_paired_difference_with_seed_noise():
 
 
 def test_empty_store_table_states_the_ratio_against_the_target_and_differing_tables():
-    empty = _load("reproduce_empty_store")
+    empty = load_script("reproduce_empty_store")
     result = {
         "profile": "cpu",
         "code": {"git_commit": "abcdef1" + "0" * 33},
@@ -143,7 +132,7 @@ def test_empty_store_table_states_the_ratio_against_the_target_and_differing_tab
 
 
 def test_plan_costs_add_up_the_plan_of_every_notebook():
-    plan_costs = _load("plan_costs")
+    plan_costs = load_script("plan_costs")
     plan = plan_costs.plan_cost("smoke")
     assert plan["runs"] > 10 and 0 <= plan["from_twins"] <= plan["runs"]
     assert plan["seconds"] > 0
@@ -154,7 +143,7 @@ def test_plan_costs_add_up_the_plan_of_every_notebook():
 
 
 def test_reproduce_times_show_each_profile_and_the_empty_store_baseline():
-    times = _load("reproduce_times")
+    times = load_script("reproduce_times")
     notebooks = {"01_descriptions": 30.0, "02_prototype_semantics": 50.0}
     result = {
         "profiles": {
@@ -177,7 +166,7 @@ def test_reproduce_times_show_each_profile_and_the_empty_store_baseline():
 
 
 def test_same_runs_pair_a_seeded_sample_and_judge_the_ratio_by_its_interval():
-    same = _load("reproduce_same_runs")
+    same = load_script("audits/reproduce_same_runs")
     configs = [{"algorithm": f"a{i}"} for i in range(10)]
     picked = same.sample(configs, 4, seed=0)
     assert len(picked) == 4 and picked == same.sample(configs, 4, seed=0)
@@ -201,7 +190,7 @@ def test_same_runs_pair_a_seeded_sample_and_judge_the_ratio_by_its_interval():
 
 
 def test_same_runs_rebuilt_from_a_log_must_match_the_sample_pair_by_pair():
-    same = _load("reproduce_same_runs")
+    same = load_script("audits/reproduce_same_runs")
     picked = [
         {"algorithm": "fedproto", "dataset": "cifar10", "family": "htfe-cpu", "seed": 0}
         | {"algo_options": {}},
@@ -216,3 +205,12 @@ def test_same_runs_rebuilt_from_a_log_must_match_the_sample_pair_by_pair():
         same.pairs_from_log(log, picked[::-1])
     with pytest.raises(SystemExit, match="the log has 1 pairs, the sample 2"):
         same.pairs_from_log(log.splitlines()[1], picked)
+
+
+def test_the_product_benchmark_measures_a_training_step():
+    bench = load_script("bench")
+    fast = bench.train_speed("fedavgcnn_s", batch=8, steps=2, channels_last=None, device="cpu")
+    plain = bench.train_speed(
+        "fedavgcnn_s", batch=8, steps=2, channels_last=None, device="cpu", point_convs=False
+    )
+    assert fast > 0 and plain > 0  # images per second, both ways of running 1x1 convolutions

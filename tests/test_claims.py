@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from fedtsp.paper import claims as C
+from fedtsp.paper import notebook_runs
 from fedtsp.paper.claims.registry import paper_gains
 from fedtsp.paper.reproduce import NOTEBOOKS_DIR
 from fedtsp.paper.statistics import Summary, summarize
@@ -241,3 +242,51 @@ def test_derived_numbers_are_written_at_the_stated_precision():
         "0.3333333333,3",
         "12345.6789,4",
     ]
+
+
+def test_the_controls_table_gives_each_control_its_holm_corrected_f11_verdict():
+    # Row (2) is 2 points above "random" on every seed and 0.25 (sd 0.125) above "shuffled".
+    rows = [notebook_runs.LOCAL_ROW, *(row for row, _, _ in notebook_runs.ABLATION_ROWS)]
+    table2 = pd.DataFrame(
+        [(r, s, 30.0 + i + 0.25 * s) for i, r in enumerate(rows) for s in (0, 1, 2)],
+        columns=["row", "seed", "best_acc"],
+    ).assign(text_encoder="minilm", dataset="cifar100", label_prior=10.0, converged=True)
+    text = {s: 31.0 + 0.25 * s for s in (0, 1, 2)}
+    controls = pd.DataFrame(
+        [("random", s, text[s] - 2.0) for s in (0, 1, 2)]
+        + [("shuffled", s, text[s] - d) for s, d in ((0, 0.125), (1, 0.25), (2, 0.375))],
+        columns=["control", "seed", "best_acc"],
+    ).assign(text_encoder="minilm", dataset="cifar100", label_prior=10.0, converged=True)
+    findings = C.ablations(table2, controls, table2.iloc[:0], rows)
+    table, numbers = C.controls_table(findings, table2, controls, rows[1])
+    f11 = [f for f in findings if f.claim == "F11"]
+    assert list(table["verdict"]) == [f.verdict for f in f11] == [C.HOLDS, C.EQUIVALENT]
+    assert list(table["targets"]) == ["random", "shuffled"]
+    assert table["text - control [95 % CI]"].iloc[0] == "+2.00 [+2.00, +2.00]"  # no spread
+    assert table["text - control [95 % CI]"].iloc[1] == "+0.25 [-0.06, +0.56]"
+    assert list(numbers["p_holm"]) == [f.p_holm for f in f11]
+    assert numbers["difference_mean"].tolist() == pytest.approx([2.0, 0.25])
+    reading = C.controls_reading(table)
+    assert "ahead of 1, equivalent to 1, not separated from 0" in reading
+
+
+def test_each_fedtsp_is_compared_with_its_own_encoders_untrained_prototypes():
+    rows = [
+        (m, s, rho + 0.01 * s)
+        for s in (0, 1, 2)
+        for m, rho in (("FedTSP-CLIP", 0.60), ("FedTSP-BERT", 0.50), ("FedProto", 0.20))
+    ]
+    sem = pd.DataFrame(rows, columns=["method", "seed", "rho"]).assign(
+        gap=0.1, dataset="cifar10", key="k"
+    )
+    untrained = {
+        ("cifar10", "FedTSP-CLIP"): {"rho": 0.55, "gap": 0.1},
+        ("cifar10", "FedTSP-BERT"): {"rho": 0.70, "gap": 0.1},
+    }
+    found = {
+        f.comparison: f
+        for f in C.semantics(sem, untrained)
+        if f.claim == "F1" and "untrained" in f.comparison
+    }
+    assert found["FedTSP-CLIP - its untrained text prototypes"].effect.mean == pytest.approx(0.06)
+    assert found["FedTSP-BERT - its untrained text prototypes"].effect.mean == pytest.approx(-0.19)

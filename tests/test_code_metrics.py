@@ -4,16 +4,11 @@ and a repeated block (HtFLlib is not read here)."""
 from __future__ import annotations
 
 import ast
-import importlib.util
 import textwrap
 
-from conftest import REPO
+from conftest import REPO, load_script
 
-_spec = importlib.util.spec_from_file_location(
-    "code_metrics", REPO / "benchmarks" / "code_metrics.py"
-)
-cm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(cm)
+cm = load_script("code_metrics")
 
 SOURCE = textwrap.dedent(
     '''\

@@ -26,7 +26,8 @@ from fedtsp.data import ImageDataset, dataset_info, normalize, pixels
 from fedtsp.data.populations import PopulationSpec, build_population
 from fedtsp.engine.simulation import prepare, run_experiment
 from fedtsp.models.image_encoders import create_image_encoder
-from fedtsp.paper.fmcl import run_benchmark, summarize_benchmark
+from fedtsp.paper.fmcl import benchmark_table, run_benchmark, summarize_benchmark
+from fedtsp.paper.statistics import cell
 
 
 def grey_dataset(per_class: int = 40, seed: int = 5) -> ImageDataset:
@@ -446,6 +447,10 @@ def test_benchmark_end_to_end(tmp_path):
     assert {r["kind"] for r in records} == {"federated"} and len(records[0]["history"]) == 4
     summary = summarize_benchmark(df)
     assert summary.set_index("method").loc["fmcl", "stability_ari"] == 1.0
+    table = benchmark_table(summary).set_index("method")
+    assert table.loc["fedavg", "clusters"] == "1.0 (n = 2, all equal)"
+    fmcl_acc = 100 * fmcl.best_acc
+    assert table.loc["fmcl", "accuracy (%)"] == cell(fmcl_acc.mean(), fmcl_acc.std(), 2)
     again = run_benchmark("mixed-domain", **kwargs)  # reuses every finished record
     assert again["cache_hit"].all()
     np.testing.assert_array_equal(again.best_acc.to_numpy(), df.best_acc.to_numpy())

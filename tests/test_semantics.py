@@ -404,3 +404,15 @@ def test_tinyimagenet_description_sets_name_real_wordnet_nouns(wn, variant):
     for wnid in wnids:  # every key is a WordNet 3.0 noun whose lemmas match the class words
         lemmas = {name.replace("_", " ").lower() for name in S.synset_of(wnid, wn).lemma_names()}
         assert lemmas & {w.strip().lower() for w in words[wnid].split(",")}, wnid
+
+
+def test_minilm_prototypes_before_training_keep_their_measured_semantics():
+    # The numbers first measured for issue 3 (CIFAR-10, MiniLM, no context vectors): the
+    # encoder alone already ranks class pairs like WordNet (rho about 0.69 for every prompt
+    # set), and descriptions widen the animals / vehicles gap over the bare template.
+    table = S.untrained_text_table({"cifar10": dataset_info("cifar10").classes})
+    assert list(table["prompts"]) == [S.WORDNET_ROW, *S.PROMPT_SETS]
+    assert table["rho"].tolist() == pytest.approx([1.0, 0.691, 0.692, 0.686], abs=5e-4)
+    assert table["gap"].tolist() == pytest.approx([0.409, 0.131, 0.185, 0.158], abs=5e-4)
+    one = S.untrained_text_semantics("cifar10", dataset_info("cifar10").classes, prompts="short")
+    assert one == pytest.approx(table.iloc[2][["rho", "gap"]].to_dict())

@@ -3,19 +3,14 @@ bad input caught before any work (HtFLlib itself is not run here)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
-from conftest import REPO
+from conftest import REPO, load_script
 
 from fedtsp.paper.statistics import summarize
 
-_spec = importlib.util.spec_from_file_location(
-    "htfllib_side_by_side", REPO / "benchmarks" / "htfllib_side_by_side.py"
-)
-sbs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(sbs)
+sbs = load_script("audits/htfllib_side_by_side")
 RESULTS = REPO / "benchmarks" / "results"
 
 

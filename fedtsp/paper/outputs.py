@@ -33,12 +33,11 @@ instead.
 
 
 STANDALONE_ARTEFACTS = """
-## Stand-alone measurements (scripts, not notebooks)
+## Stand-alone runs (a module, not a notebook)
 
 | what | files | produced by |
 |---|---|---|
-| CPU-scale comparison of Table 1's twelve methods on CIFAR-10 Dir(0.1), 40 rounds x 1 epoch, seeds 0-1 | [comparison.md](foundation/comparison.md), [notes](foundation/README.md), records in `foundation/runs/` | `bash results/foundation/run_comparison.sh` |
-| MiniLM text prototypes before training: WordNet rho and semantic gap for manual / short / long prompts (Fig. 1e/f metrics) | [table.md](text_prototypes/table.md), `text_prototypes/heatmap_*.png` | `python results/text_prototypes/measure.py` |
+| The pilot of the cpu evidence: FedTSP-MiniLM, FedProto, FedTGP, AlignFed and Local on CIFAR-10 and CIFAR-100, seeds 100-102 (never the test seeds), 50 rounds x 5 local epochs; it measures the plateau round and the spread of paired differences that the analysis plan's schedule and seed counts come from | records in `pilot/runs/`; `pilot/pilot.md` and `pilot/pilot.json` once all 30 runs exist | `python -m fedtsp.paper.pilot` |
 """
 
 

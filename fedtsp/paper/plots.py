@@ -7,7 +7,8 @@ builds it) and returns a matplotlib Figure sized and labelled for print.
 from __future__ import annotations
 
 import textwrap
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -16,6 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from fedtsp.paper.statistics import std_interval, summary_frame
+
+if TYPE_CHECKING:
+    from fedtsp.paper.experiments import RunSpec
 
 sns.set_theme(style="whitegrid", context="paper", font_scale=1.1)
 
@@ -169,13 +173,21 @@ def paired_scatter(
     return fig
 
 
-def curves_frame(records: list[dict[str, Any]], labels: list[dict[str, Any]]) -> pd.DataFrame:
-    """Long frame (labels..., seed, round, acc in %) from run records' per-round history."""
-    rows = []
-    for rec, lab in zip(records, labels, strict=True):
+def curves_frame(
+    specs: Sequence[RunSpec], records: Sequence[dict[str, Any]], keys: Iterable[str] | None = None
+) -> pd.DataFrame:
+    """Long frame (labels..., seed, key, round, acc in %) from run records' per-round
+    history: the runs whose key is in `keys` (every run when None), each key once."""
+    wanted = None if keys is None else set(keys)
+    rows, seen = [], set()
+    for spec, rec in zip(specs, records, strict=True):
+        if rec["key"] in seen or (wanted is not None and rec["key"] not in wanted):
+            continue
+        seen.add(rec["key"])
         for h in rec["history"]:
             rows.append(
-                {**lab, "seed": rec["config"]["seed"], "round": h["round"], "acc": 100 * h["acc"]}
+                {**spec.labels, "seed": rec["config"]["seed"], "key": rec["key"]}
+                | {"round": h["round"], "acc": 100 * h["acc"]}
             )
     return pd.DataFrame(rows)
 

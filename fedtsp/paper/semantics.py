@@ -40,6 +40,7 @@ from fedtsp.core.errors import UserError
 from fedtsp.data import dataset_info, semantic_groups
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from nltk.corpus.reader.wordnet import Synset, WordNetCorpusReader
@@ -60,6 +61,8 @@ __all__ = [
     "similarity_matrix",
     "synset_mapping",
     "synset_of",
+    "untrained_text_semantics",
+    "untrained_text_table",
     "wordnet",
     "wordnet_similarity",
 ]
@@ -555,6 +558,10 @@ def plot_similarity_heatmap(
     return fig
 
 
+PROMPT_SETS = ("manual", "short", "long")  # the handcrafted template and the two description sets
+WORDNET_ROW = "WordNet Wu-Palmer (reference)"
+
+
 def untrained_text_semantics(
     dataset: str,
     class_names: Sequence[str],
@@ -563,15 +570,40 @@ def untrained_text_semantics(
 ) -> dict[str, float]:
     """rho and gap of the text encoder's own class prototypes before any training: the mean
     feature of each class's prompts, no context vectors (the prior FedTSP starts from)."""
+    return (
+        untrained_text_table({dataset: class_names}, [text_encoder], [prompts])
+        .iloc[-1][["rho", "gap"]]
+        .to_dict()
+    )
+
+
+def untrained_text_table(
+    classes: Mapping[str, Sequence[str]],
+    text_encoders: Sequence[str] = ("minilm",),
+    prompt_sets: Sequence[str] = PROMPT_SETS,
+) -> pd.DataFrame:
+    """Per dataset (name -> class names): WordNet's own semantic gap (the reference row, rho
+    1 by definition), then rho and gap of each text encoder's class prototypes before any
+    training, per prompt set: each class's prototype is the mean feature of its prompts,
+    no context vectors. Columns: dataset, text_encoder, prompts, rho, gap."""
+    import pandas as pd
+
     from fedtsp.models.prompts import PromptLearner
     from fedtsp.models.text import build_text_encoder
     from fedtsp.text.descriptions import class_prompts
 
-    names = list(class_names)
-    encoder = build_text_encoder(text_encoder)
-    learner = PromptLearner(encoder, class_prompts(names, prompts, dataset=dataset), n_ctx=0)
-    sim = prototype_similarity(learner.frozen_prototypes())
-    return {
-        "rho": semantic_alignment(sim, wordnet_similarity(dataset, names)),
-        "gap": semantic_gap(sim, group_ids(dataset, names)),
-    }
+    encoders = {name: build_text_encoder(name) for name in text_encoders}
+    rows = []
+    for dataset, class_names in classes.items():
+        names = list(class_names)
+        reference, groups = wordnet_similarity(dataset, names), group_ids(dataset, names)
+        rows.append((dataset, "-", WORDNET_ROW, 1.0, semantic_gap(reference, groups)))
+        for name, encoder in encoders.items():
+            for prompts in prompt_sets:
+                learner = PromptLearner(
+                    encoder, class_prompts(names, prompts, dataset=dataset), n_ctx=0
+                )
+                sim = prototype_similarity(learner.frozen_prototypes())
+                rho, gap = semantic_alignment(sim, reference), semantic_gap(sim, groups)
+                rows.append((dataset, name, prompts, rho, gap))
+    return pd.DataFrame(rows, columns=["dataset", "text_encoder", "prompts", "rho", "gap"])

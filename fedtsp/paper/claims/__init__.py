@@ -20,7 +20,13 @@ from fedtsp.paper.claims.findings import (
     writers,
 )
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS, Claim
-from fedtsp.paper.claims.report import findings_frame, reading, write_report
+from fedtsp.paper.claims.report import (
+    controls_reading,
+    controls_table,
+    findings_frame,
+    reading,
+    write_report,
+)
 from fedtsp.paper.claims.rule import (
     ALPHA,
     CONTRADICTED,
@@ -61,6 +67,8 @@ __all__ = [
     "ablations",
     "compare",
     "context",
+    "controls_reading",
+    "controls_table",
     "fedtsp_labels",
     "findings_frame",
     "fmcl",

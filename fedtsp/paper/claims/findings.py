@@ -91,13 +91,13 @@ def _versus_strongest(
 
 
 def semantics(
-    sem: pd.DataFrame, untrained: Mapping[str, Mapping[str, float]] | None = None
+    sem: pd.DataFrame, untrained: Mapping[tuple[str, str], Mapping[str, float]] | None = None
 ) -> list[Finding]:
     """Fig. 1 (e, f): rho and gap per method, dataset and seed.
 
-    `untrained` (dataset -> {"rho": ..., "gap": ...}): the text encoder's own prototypes
-    before any training; FedTSP is also compared with them (does federated training add
-    semantic structure, or keep the encoder's?).
+    `untrained` ((dataset, FedTSP label) -> {"rho": ..., "gap": ...}): that FedTSP's text
+    encoder's own prototypes of its prompts before any training; each FedTSP is also compared
+    with its own (does federated training add semantic structure, or keep the encoder's?).
     """
     out = []
     for claim, metric in (("F1", "rho"), ("F2", "gap")):
@@ -105,9 +105,9 @@ def semantics(
             for ours in fedtsp_labels(part["method"]):
                 others = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
                 out.append(_versus_strongest(claim, str(ds), part, metric, ours, others, unit=""))
-                if untrained and ds in untrained:
+                if untrained and (ds, ours) in untrained:
                     mine = by_seed(part, metric, method=ours)
-                    before = {s: float(untrained[ds][metric]) for s in mine}
+                    before = {s: float(untrained[(ds, ours)][metric]) for s in mine}
                     out.append(
                         compare(
                             claim,
@@ -237,6 +237,11 @@ def _convergence(
     )
 
 
+def control_part(encoder: str, dataset: str, control: str) -> tuple[str, str]:
+    """The (scope, comparison) naming one semantic-control part of F11."""
+    return f"{encoder}, {dataset}", f"(2) text - {control} targets"
+
+
 def ablations(
     table2: pd.DataFrame,
     controls: pd.DataFrame,
@@ -270,8 +275,7 @@ def ablations(
             out.append(
                 compare(
                     "F11",
-                    f"{encoder}, {ds}",
-                    f"(2) text - {control} targets",
+                    *control_part(str(encoder), ds, str(control)),
                     text,
                     by_seed(targets, "best_acc"),
                     **context(both, "best_acc"),

@@ -9,8 +9,20 @@ from typing import Any
 import pandas as pd
 
 from fedtsp.core.atomic import atomic_write_text
+from fedtsp.paper.claims.findings import control_part
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS
-from fedtsp.paper.claims.rule import NOT_TESTABLE, RULE, VERDICTS, Finding, overall
+from fedtsp.paper.claims.rule import (
+    CONTRADICTED,
+    EQUIVALENT,
+    HOLDS,
+    NOT_SEPARATED,
+    NOT_TESTABLE,
+    RULE,
+    VERDICTS,
+    Finding,
+    overall,
+)
+from fedtsp.paper.statistics import summarize
 from fedtsp.paper.tables import to_csv, to_markdown
 
 
@@ -85,6 +97,60 @@ def reading(findings: Sequence[Finding]) -> str:
         lines.append(f"**{claim_id}** {claim.claim}: **{overall(parts['verdict'])}**.")
     body = to_markdown(findings_table(frame))
     return "\n\n".join([*lines, body, f"Rule: {RULE}"])
+
+
+def controls_table(
+    findings: Sequence[Finding], table2: pd.DataFrame, controls: pd.DataFrame, row2: str
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Table 2's semantic controls, readable and as numbers: each control's accuracy beside
+    row (2)'s, and its F11 finding (the paired difference, the Holm p within F11, the
+    verdict), so that this table and claims.md give each control the same verdict."""
+    parts = {(f.scope, f.comparison): f for f in findings if f.claim == "F11"}
+    rows, numbers = [], []
+    for encoder, part in table2.groupby("text_encoder", sort=False):
+        text = summarize(part.loc[part["row"] == row2, "best_acc"])
+        dataset = str(part["dataset"].iloc[0])
+        mine = controls[controls["text_encoder"] == encoder]
+        for control, targets in mine.groupby("control", sort=False):
+            found = parts[control_part(str(encoder), dataset, str(control))]
+            acc, diff = summarize(targets["best_acc"]), found.effect
+            rows.append(
+                {
+                    "text encoder": encoder,
+                    "targets": control,
+                    "accuracy (%)": acc.cell(),
+                    "row 2, text (%)": text.cell(),
+                    "text - control [95 % CI]": f"{diff.mean:+.2f} {diff.interval()}".rstrip(" -"),
+                    "seeds paired": diff.n,
+                    "Holm p": _number(found.p_holm, "{:.3f}"),
+                    "verdict": found.verdict,
+                }
+            )
+            numbers.append(
+                {"text_encoder": encoder, "targets": control}
+                | {f"control_{k}": v for k, v in acc.as_dict().items()}
+                | {f"difference_{k}": v for k, v in diff.as_dict().items()}
+                | {"p_holm": found.p_holm, "verdict": found.verdict}
+            )
+    return pd.DataFrame(rows), pd.DataFrame(numbers)
+
+
+def controls_reading(table: pd.DataFrame) -> str:
+    """One sentence on `controls_table`: how many controls the text is ahead of, level
+    with, not separated from, behind, or not testable against."""
+    counts = table["verdict"].value_counts()
+    said = {
+        "ahead of": HOLDS,
+        "equivalent to": EQUIVALENT,
+        "not separated from": NOT_SEPARATED,
+        "behind": CONTRADICTED,
+        "not testable against": NOT_TESTABLE,
+    }
+    tally = ", ".join(f"{words} {counts.get(v, 0)}" for words, v in said.items())
+    return (
+        f"Reading: of {len(table)} controls, the text is {tally} (claim F11, Holm-corrected "
+        f"within the claim; n = {table['seeds paired'].min()} paired seeds)."
+    )
 
 
 def write_report(folder: Path, profile: str) -> Path:

@@ -1,6 +1,6 @@
 """Side by side with HtFLlib: the shared baselines on one exported split, accuracy and speed.
 
-    python benchmarks/htfllib_side_by_side.py --htfllib /path/to/HtFLlib \
+    python benchmarks/audits/htfllib_side_by_side.py --htfllib /path/to/HtFLlib \
         [--htfllib-tree 6e6f1ae DIR] [--pythonpath DIR] [--protocol htfllib|fedtsp] \
         [--fraction 0.1] [--rounds 10] [--seeds 0 1 2] [--methods ...]
 

@@ -1,6 +1,6 @@
 """Seconds per round, fedtsp beside HtFLlib, on one exported split in one run.
 
-    python benchmarks/speed_vs_htfllib.py --htfllib /path/to/HtFLlib \\
+    python benchmarks/audits/speed_vs_htfllib.py --htfllib /path/to/HtFLlib \\
         [--pythonpath DIR] [--data ../shared/data/cifar10-jpg.tar.gz] \\
         [--fraction 0.2] [--rounds 4] [--repeats 3] [--methods FedProto FedTGP LG-FedAvg]
 
@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: shared helpers
+
 from bench import train_speed
 from facts import machine_facts, write_result
 from htfllib_side_by_side import METHODS, base_config, export_split, run_htfllib

@@ -1,7 +1,7 @@
 """The runs of an earlier cpu reproduction, by the code of then and by today's, side by side
 on this machine: the like-for-like measure of the speed issue's target 3.
 
-    python benchmarks/reproduce_same_runs.py [--then 4e74747] [--sample 24] [--sample-seed 0]
+    python benchmarks/audits/reproduce_same_runs.py [--then 4e74747] [--sample 24] [--sample-seed 0]
 
 The one empty-store cpu reproduction on record (``reproduce_cpu_empty_store_baseline.json``)
 ran on another machine, and today's profile does more work (a third seed, a partition per
@@ -34,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: shared helpers
+
 from facts import machine_facts, write_result
 from reproduce_empty_store import RESULTS, TARGET
 

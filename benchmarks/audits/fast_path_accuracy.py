@@ -1,6 +1,6 @@
 """Fast path beside exact fp32: best-round accuracy over seeds, paired by seed.
 
-    python benchmarks/fast_path_accuracy.py [--methods FedProto FedTSP-MiniLM] \\
+    python benchmarks/audits/fast_path_accuracy.py [--methods FedProto FedTSP-MiniLM] \\
         [--seeds 0 1 2] [--data ../shared/data/cifar10-jpg.tar.gz]
 
 Each method (a label of ``[methods]`` in ``fedtsp/paper/profiles.toml``) runs on CIFAR-10
@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: shared helpers
 
 from facts import machine_facts, write_result
 
