@@ -8,6 +8,7 @@ import math
 import pytest
 
 from fedtsp.cli import main
+from fedtsp.core.results import code_version, short_commit
 from fedtsp.paper import verify
 from fedtsp.paper.experiments import DataSource, run_all
 from fedtsp.paper.notebook_runs import notebook_plan
@@ -40,7 +41,9 @@ def test_a_table_cell_reruns_to_an_identical_history(smoke_store, capsys):
     assert status == 0, out
     assert f"{keys[0]} FedProto" in out and "identical history (3 evaluations)" in out
     assert "same CPU class" in out  # made on this machine, today
-    assert "1 of 1 reruns identical" in (root / "verify.md").read_text()
+    report = (root / "verify.md").read_text()
+    assert "1 of 1 reruns identical" in report
+    assert f"Today's code: {short_commit(code_version())};" in report  # the code that reran
 
 
 def test_an_edited_record_is_reported_with_its_difference(smoke_store, capsys):

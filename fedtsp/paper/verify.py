@@ -238,6 +238,9 @@ def run_verify(
     report: str | Path | None = None,
 ) -> int:
     """The `fedtsp verify` command: exit 0 only when every rerun history is identical."""
+    from fedtsp.core.results import code_version
+
+    code = code_version()  # the code that reruns, not whatever is checked out when it ends
     profile = load_profile(profile_name)
     store = RunStore(Path(results_root) / profile.name / "runs")
     if not store.root.is_dir():
@@ -261,7 +264,8 @@ def run_verify(
     lines.append(f"{same} of {len(checks)} reruns identical to their records")
     print("\n".join(lines))
     if report is not None:
-        write_report(report, checks, profile.name, table, values, keys, sample, sample_seed)
+        asked = (profile.name, table, values, keys, sample, sample_seed)
+        write_report(report, checks, *asked, code=code)
     return 0 if same == len(checks) else 1
 
 
@@ -274,10 +278,11 @@ def write_report(
     keys: Sequence[str],
     sample: int | None,
     sample_seed: int,
+    code: dict[str, Any],
 ) -> None:
-    """The checks as a Markdown file (for committed evidence)."""
+    """The checks as a Markdown file (for committed evidence); `code`: the code version
+    that reran them."""
     from fedtsp.core.atomic import atomic_write_text
-    from fedtsp.core.results import code_version
 
     asked = " ".join(
         [f"--profile {profile}"]
@@ -289,7 +294,7 @@ def write_report(
     lines = [
         f"# fedtsp verify {asked}",
         "",
-        f"Today's code: {short_commit(code_version())}; this machine's CPU class: "
+        f"Today's code: {short_commit(code)}; this machine's CPU class: "
         f"{here['capability']} ({', '.join(here['flags'])}).",
         "",
         "| run | what | recorded by | CPU class | result |",
