@@ -11,9 +11,18 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedtsp.core.config import BATCH_ORDERS, CLIENT_INITS, UNDERSIZED_CLIENTS, RunConfig
+from fedtsp import catalogue
+from fedtsp.core.config import (
+    BATCH_ORDERS,
+    CLIENT_INITS,
+    LAYOUTS,
+    UNDERSIZED_CLIENTS,
+    RunConfig,
+    bad,
+)
 from fedtsp.core.environment import debug_requested
-from fedtsp.core.errors import UserError, one_line
+from fedtsp.core.errors import RunFailedError, UserError, one_line
+from fedtsp.core.options import check_given
 from fedtsp.core.paths import portable_path
 
 EXIT_BAD_INPUT = 2
@@ -32,36 +41,41 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _catalogue() -> str:
-    from fedtsp.algorithms import algorithm_names
-    from fedtsp.data import dataset_names
-    from fedtsp.models.families import FAMILIES
-
-    families = "; ".join(f"{name} = {', '.join(archs)}" for name, archs in FAMILIES.items())
+    listed = catalogue.load()
+    families = "; ".join(
+        f"{name} = {', '.join(archs)}" for name, archs in listed["families"].items()
+    )
     return (
-        f"datasets: {', '.join(dataset_names())}\n"
+        f"datasets: {', '.join(listed['datasets'])}\n"
         f"model families: {families}\n"
-        f"algorithms: {', '.join(algorithm_names())}"
+        f"algorithms: {', '.join(listed['algorithms'])}"
     )
 
 
-def _option_flags() -> dict[str, list[tuple[str, Any, str]]]:
+def _option_flags() -> dict[str, list[tuple[str, dict[str, Any]]]]:
     """Every algorithm option, grouped by option name (several methods may share one)."""
-    from fedtsp.algorithms import algorithm_names, options_help
-
-    flags: dict[str, list[tuple[str, Any, str]]] = {}
-    for algo in algorithm_names():
-        for name, default, text in options_help(algo):
-            flags.setdefault(name, []).append((algo, default, text))
+    flags: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for algo in catalogue.algorithm_names():
+        for option in catalogue.options(algo):
+            flags.setdefault(option["name"], []).append((algo, option))
     return flags
 
 
-def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
-    from fedtsp.data import dataset_names
+def _named_algorithm(argv: list[str]) -> str | None:
+    """The value of `--algorithm` on the command line, if any (decides which options
+    `fedtsp run --help` shows)."""
+    for i, word in enumerate(argv):
+        if word == "--algorithm" and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith("--algorithm="):
+            return word.partition("=")[2]
+    return None
 
+
+def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
     group = parser.add_argument_group("data and partition")
-    group.add_argument(
-        "--dataset", default=defaults.dataset, help=f"one of {', '.join(dataset_names())}"
-    )
+    datasets = ", ".join(catalogue.load()["datasets"])
+    group.add_argument("--dataset", default=defaults.dataset, help=f"one of {datasets}")
     group.add_argument(
         "--data",
         default=None,
@@ -95,15 +109,16 @@ def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None
 
 def _layout(value: str) -> bool | None:
     """--layout value -> RunConfig.channels_last."""
-    from fedtsp.data import LAYOUTS
-
     if value not in LAYOUTS:
         raise argparse.ArgumentTypeError(f"choose one of {', '.join(LAYOUTS)}")
     return LAYOUTS[value]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; `argv` (default: this process's arguments) only decides which method's
+    options `fedtsp run --help` lists: those of its `--algorithm`, else none."""
     defaults = RunConfig()
+    chosen = _named_algorithm(sys.argv[1:] if argv is None else argv)
     parser = _Parser(
         prog="fedtsp",
         description="Federated learning with text-derived class prototypes (FedTSP).",
@@ -217,11 +232,18 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument(
         "--workdir", default=None, help="Flower engines: work folder (default: OUT/flower-work)"
     )
-    group = run.add_argument_group("algorithm options (only those of the chosen --algorithm apply)")
+    if chosen in catalogue.algorithm_names():
+        group = run.add_argument_group(f"options of --algorithm {chosen}")
+    else:
+        group = run.add_argument_group(
+            "algorithm options",
+            "each method has its own: `fedtsp run --algorithm NAME --help` lists them",
+        )
     for name, owners in _option_flags().items():
-        text = "; ".join(f"{algo}: {t} (default {d})" for algo, d, t in owners)
+        mine = [option for algo, option in owners if algo == chosen]
+        text = f"{mine[0]['help']} (default {mine[0]['default']})" if mine else argparse.SUPPRESS
         # Switches (--x / --no-x) for options that are booleans in every method that has them.
-        switch = all(isinstance(d, bool) for _, d, _ in owners)
+        switch = all(option["type"] == "bool" for _, option in owners)
         group.add_argument(
             f"--{name.replace('_', '-')}",
             dest=f"opt_{name}",
@@ -311,9 +333,11 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
         values, options = _preset(args, values, options)
     elif "algorithm" in values and values["algorithm"] is None:
         values["algorithm"] = RunConfig().algorithm
-    from fedtsp.engine.runspec import check_run  # imports torch: not at `fedtsp --help` time
+    config = RunConfig(**values, algo_options=options)
+    _check_listed(config)
+    from fedtsp.engine.runspec import check_run  # imports torch: after the quick checks
 
-    config = check_run(RunConfig(**values, algo_options=options))
+    config = check_run(config)
     if not options:
         return config
     # Store typed option values so the run's hash does not depend on CLI spelling.
@@ -321,6 +345,23 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
 
     typed = dataclasses.asdict(resolve_options(config.algorithm, options))
     return config.replace(algo_options={k: typed[k] for k in options})
+
+
+def _check_listed(config: RunConfig) -> None:
+    """The checks that need no method code (the catalogue's names and declarations, the
+    config's own ranges), so that a bad value is one line in milliseconds; `check_run`
+    makes them again with the methods loaded, and the rest."""
+    listed = catalogue.load()
+    if config.dataset not in listed["datasets"]:
+        bad("dataset", config.dataset, f"choose one of {', '.join(listed['datasets'])}")
+    config.validate()
+    if config.algorithm not in listed["algorithms"]:
+        bad("algorithm", config.algorithm, f"choose one of {', '.join(listed['algorithms'])}")
+    declared = {
+        o["name"]: (catalogue.annotation(o), o["bounds"], o["choices"])
+        for o in catalogue.options(config.algorithm)
+    }
+    check_given(config.algorithm, dict(config.algo_options), declared)
 
 
 def _preset(
@@ -359,9 +400,6 @@ def _check_folder(flag: str, path: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from fedtsp.engine.simulation import run_experiment
-
-    config = _config_from_args(args)
     _check_data_path(args.data)
     _check_folder("--out", args.out)
     _check_folder("--workdir", args.workdir)
@@ -372,6 +410,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "--client-workers is an option of the simulator engine; Flower runs "
             "one process per client already"
         )
+    config = _config_from_args(args)
     if args.engine != "simulator":
         from fedtsp.engine.flower.launch import FLOWER_MISSING, run_flower
 
@@ -392,6 +431,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
         )
         return _print_run_summary(args, config, record)
+    from fedtsp.engine.simulation import run_experiment
+
     record = run_experiment(
         config,
         data=args.data,
@@ -422,12 +463,12 @@ def _print_run_summary(args: argparse.Namespace, config: RunConfig, record: dict
 
 
 def _cmd_partition(args: argparse.Namespace) -> int:
-    from fedtsp.data import export_htfllib, load_dataset
-    from fedtsp.engine.build import partition_dataset
-
     config = _config_from_args(args)
     _check_data_path(args.data)
     _check_folder("--export", args.export)
+    from fedtsp.data import export_htfllib, load_dataset
+    from fedtsp.engine.build import partition_dataset
+
     dataset = load_dataset(args.dataset, args.data)
     images, labels, partition = partition_dataset(config, dataset)
     meta = {
@@ -443,11 +484,22 @@ def _cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from fedtsp.paper.reproduce import reproduce
+def _check_profile(name: str) -> None:
+    from fedtsp.paper.profiles import profile_names  # reads profiles.toml only
 
+    if name not in profile_names():
+        raise CliError(f"unknown profile {name!r}; choose one of {', '.join(profile_names())}")
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
+
+    _check_profile(args.profile)
+    find_notebooks(NOTEBOOKS_DIR, args.only)  # an --only that matches none: one line, at once
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
+    from fedtsp.paper.reproduce import reproduce
+
     if args.plan:
         from fedtsp.paper.plan import plan_reproduction
 
@@ -468,6 +520,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CliError(f"--sample {args.sample} is invalid; give an integer >= 1")
     if args.workers < 1:
         raise CliError(f"--workers {args.workers} is invalid; give an integer >= 1")
+    _check_profile(args.profile)
     from fedtsp.paper.verify import run_verify
 
     return run_verify(
@@ -492,11 +545,8 @@ def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    from fedtsp.algorithms.clients import NonFiniteLossError
-    from fedtsp.engine.flower.workdir import ClientFailureError
-
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     from fedtsp.text.describe import run_describe
 
@@ -511,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         return handlers[args.command](args)
     except (UserError, FileExistsError) as exc:
         return _one_line_error(exc, args, EXIT_BAD_INPUT)
-    except (NonFiniteLossError, ClientFailureError) as exc:
+    except RunFailedError as exc:
         return _one_line_error(exc, args, EXIT_RUN_FAILED)
     except KeyboardInterrupt:
         print("fedtsp: interrupted; rerun with --resume to continue", file=sys.stderr)

@@ -28,8 +28,86 @@ def test_help_lists_datasets_families_algorithms():
     assert result.returncode == 0
     for word in ("cifar10", "cifar100", "tinyimagenet", "fmnist", "htfe9", "htfe-cpu"):
         assert word in result.stdout
-    for word in ("local", "fedproto", "fedtsp", "--prompt-tokens", "--resume"):
+    for word in ("local", "fedproto", "fedtsp", "--resume", "--algorithm NAME --help"):
         assert word in result.stdout
+    assert "--prompt-tokens" not in result.stdout  # a method's options: with its --algorithm
+
+
+def test_run_help_with_an_algorithm_lists_that_methods_options_only():
+    result = _run_cli("run", "--algorithm", "fedtsp", "--help")
+    assert result.returncode == 0
+    assert "options of --algorithm fedtsp" in result.stdout
+    assert "--prompt-tokens" in result.stdout and "(default 7.0)" in result.stdout  # lam
+    assert "--lam-start" not in result.stdout  # AlignFed's
+    assert len(result.stdout.splitlines()) < 200
+
+
+_NO_TORCH = """
+import sys
+from fedtsp.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print("torch imported" if "torch" in sys.modules else "no torch")
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--help"],
+        ["run", "--algorithm", "fedtsp", "--help"],
+        ["run", "--alpha", "abc"],
+        ["run", "--algorithm", "fedtsp", "--lam", "-1"],
+        ["run", "--dataset", "mnist"],
+        ["reproduce", "--profile", "nope"],
+        ["reproduce", "--only", "99"],
+        ["verify", "--sample", "0"],
+        ["partition", "--alpha", "0", "--export", "x"],
+        ["describe", "--dataset", "cifar10", "--variant", "x"],
+    ],
+)
+def test_help_and_bad_flags_answer_without_importing_torch(args):
+    # What makes `fedtsp --help` take seconds is importing torch (and the methods); the
+    # committed benchmark (benchmarks/results/cli_latency.md) times the commands themselves.
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH, *args], capture_output=True, text=True, cwd=REPO
+    )
+    assert result.stdout.strip().splitlines()[-1] == "no torch", result.stderr
+
+
+def test_the_catalogue_matches_the_registries():
+    from fedtsp import catalogue
+
+    assert catalogue.PATH.read_text() == catalogue.text(), (
+        "fedtsp/catalogue.json is stale: run python -m fedtsp.catalogue"
+    )
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"dataset": "imagenet"},
+        {"alpha": 0.0},
+        {"algorithm": "fedfoo"},
+        {"algorithm": "local", "algo_options": {"lam": 1.0}},
+        {"algorithm": "fedtsp", "algo_options": {"prompt_tokens": "x"}},
+        {"algorithm": "fedtsp", "algo_options": {"lam": -1.0}},
+        {"algorithm": "fedtsp", "algo_options": {"prompts": "extra"}},
+    ],
+)
+def test_the_quick_checks_say_what_check_run_says(changes):
+    from fedtsp.cli import _check_listed
+    from fedtsp.core.config import ConfigError, RunConfig
+    from fedtsp.engine.runspec import check_run
+
+    config = RunConfig(**changes)
+    with pytest.raises(ConfigError) as quick:
+        _check_listed(config)
+    with pytest.raises(ConfigError) as full:
+        check_run(config)
+    assert str(quick.value) == str(full.value)
 
 
 @pytest.mark.parametrize(
@@ -116,7 +194,7 @@ def test_htfllib_protocol_flags_reach_the_run_config():
     from fedtsp.cli import _config_from_args, build_parser
 
     def config(*flags: str):
-        return _config_from_args(build_parser().parse_args(["run", *flags]))
+        return _config_from_args(build_parser([]).parse_args(["run", *flags]))
 
     plain = config()
     matched = config(

@@ -10,8 +10,8 @@ from torch import nn
 
 from fedtsp.algorithms import resolve_options
 from fedtsp.algorithms.base import RunContext, ServerHalf
-from fedtsp.algorithms.options import build_options, option
 from fedtsp.core.config import ConfigError
+from fedtsp.core.options import build_options, option
 
 
 @dataclass

@@ -45,8 +45,8 @@ from fedtsp.algorithms.aggregation import fedavg, normalized_weights
 from fedtsp.algorithms.base import Algorithm, ClientHalf, Message, ServerHalf, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import message_head
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.prototypes import ANCHOR_ITERS, ANCHOR_LR, ANCHOR_TAU, uniform_anchors
+from fedtsp.core.options import option
 
 CLIENT_LOSSES = ("anchor_softmax", "sample_softmax")
 

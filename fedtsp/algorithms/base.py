@@ -40,7 +40,7 @@ from torch import Tensor
 
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import head_message, model_message
-from fedtsp.algorithms.options import build_options, describe_options
+from fedtsp.core.options import build_options, describe_options
 
 Message = dict[str, Tensor]
 
@@ -281,7 +281,7 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def resolve_options(name: str, values: dict[str, Any]) -> Any:
-    """The algorithm's Options from a dict (see `fedtsp.algorithms.options`); ConfigError."""
+    """The algorithm's Options from a dict (see `fedtsp.core.options`); ConfigError."""
     return build_options(get_algorithm(name).Options, name, values)
 
 

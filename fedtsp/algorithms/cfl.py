@@ -26,7 +26,7 @@ from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import ClientFacts
 from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer
 from fedtsp.algorithms.model_messages import MODEL_PREFIX
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 CRITERIA = ("relative", "absolute")
 

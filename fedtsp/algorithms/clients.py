@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedtsp.core.errors import RunFailedError
 from fedtsp.models.families import ClientModel
 
 # Where a client's image prototypes come from: "pass", one pass with the trained model after
@@ -27,7 +28,7 @@ from fedtsp.models.families import ClientModel
 PROTOTYPE_SOURCES = ("pass", "training")
 
 
-class NonFiniteLossError(FloatingPointError):
+class NonFiniteLossError(RunFailedError, FloatingPointError):
     """Local training produced a NaN or infinite loss."""
 
 

@@ -37,8 +37,8 @@ from fedtsp.algorithms.base import (
     register,
 )
 from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.prototypes import PrototypeAverage
+from fedtsp.core.options import option
 
 
 @dataclass

@@ -36,7 +36,7 @@ from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
 from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 SCALE_INIT = 10.0
 

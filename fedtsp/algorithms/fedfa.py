@@ -39,7 +39,7 @@ from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.finetune import FineTuned, FineTuneOptions, HeadFineTuning
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 
 @dataclass

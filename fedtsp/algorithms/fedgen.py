@@ -63,7 +63,7 @@ from fedtsp.algorithms.model_messages import (
     load_model_message,
     message_head,
 )
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 _GEN = "gen."  # prefix of the generator's tensors in a broadcast
 _PROTO_SAMPLES = 64  # generated samples per class for the class-mean artifact

@@ -29,7 +29,7 @@ from fedtsp.algorithms.aggregation import unweighted_class_means
 from fedtsp.algorithms.base import Algorithm, ClientHalf, Message, ServerHalf, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import load_head, message_head
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 
 @dataclass

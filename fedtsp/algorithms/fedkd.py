@@ -53,7 +53,6 @@ from fedtsp.algorithms.aggregation import fedavg
 from fedtsp.algorithms.base import Algorithm, Message, RunContext, register
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     KL_REDUCTIONS,
     SharedModelClient,
@@ -65,6 +64,7 @@ from fedtsp.algorithms.shared_model import (
     set_training,
     upload_with_count,
 )
+from fedtsp.core.options import option
 from fedtsp.models.families import ClientModel
 
 FACTOR_SEP = "::"  # "<tensor name>::U" etc.; parameter names never contain it

@@ -49,7 +49,6 @@ from torch import Tensor, nn
 
 from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     SharedModelClient,
     SharedModelHalf,
@@ -58,6 +57,7 @@ from fedtsp.algorithms.shared_model import (
     nth_draw,
     set_training,
 )
+from fedtsp.core.options import option
 from fedtsp.models.families import ClientModel
 
 

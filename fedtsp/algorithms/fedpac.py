@@ -36,7 +36,7 @@ from fedtsp.algorithms.averaging import FedAvgClient, FedAvgServer
 from fedtsp.algorithms.base import Algorithm, ClassTargets, Message, register
 from fedtsp.algorithms.clients import Client
 from fedtsp.algorithms.model_messages import HEAD_PREFIX, load_head
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 WEIGHT_FLOOR = 1e-3
 

@@ -27,8 +27,8 @@ from torch import Tensor
 from fedtsp.algorithms.aggregation import WEIGHTINGS
 from fedtsp.algorithms.base import Algorithm, ClassTargets, ClientHalf, Message, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.prototypes import PrototypeAverage
+from fedtsp.core.options import option
 
 
 @dataclass

@@ -30,13 +30,13 @@ from fedtsp.algorithms.base import (
     register,
 )
 from fedtsp.algorithms.clients import PROTOTYPE_SOURCES, Client
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.prototypes import (
     EVAL_MODES,
     PrototypeAverage,
     PrototypeClient,
     nearest_prototype_logits,
 )
+from fedtsp.core.options import option
 
 
 @dataclass

@@ -37,8 +37,8 @@ from fedtsp.algorithms.base import (
     register,
 )
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.prototypes import EVAL_MODES, nearest_prototype_logits
+from fedtsp.core.options import option
 
 # Which model a client's uploaded class prototypes come from (`prototype_model`).
 PROTOTYPE_MODELS = ("trained", "before_training")

@@ -75,9 +75,9 @@ from fedtsp.algorithms.model_messages import (
     model_message,
     with_sample_count,
 )
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
 from fedtsp.algorithms.prototypes import PrototypeClient, uniform_anchors
+from fedtsp.core.options import option
 from fedtsp.models.prompts import (
     PROMPT_POSITIONS,
     PromptLearner,

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 _FT_TAG = 0xF7
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 FIXED_CLUSTERS = ("one", "each", "truth")
 

@@ -34,8 +34,8 @@ from fedtsp.algorithms.clustering.signatures import (
     client_signature,
     signature_distances,
 )
-from fedtsp.algorithms.options import option
 from fedtsp.core.environment import cache_root
+from fedtsp.core.options import option
 from fedtsp.data import pixels
 from fedtsp.models.image_encoders import (
     FrozenImageEncoder,

@@ -33,7 +33,6 @@ from torch import Tensor
 
 from fedtsp.algorithms.base import Algorithm, register
 from fedtsp.algorithms.clients import Client
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import (
     KL_REDUCTIONS,
     SharedModelClient,
@@ -42,6 +41,7 @@ from fedtsp.algorithms.shared_model import (
     distill_kl,
     set_training,
 )
+from fedtsp.core.options import option
 from fedtsp.models.families import ClientModel
 
 

@@ -26,8 +26,8 @@ from fedtsp.algorithms.model_messages import (
     model_message,
     with_sample_count,
 )
-from fedtsp.algorithms.options import option
 from fedtsp.algorithms.shared_model import seeded
+from fedtsp.core.options import option
 from fedtsp.models.families import build_model
 
 PICK_KEY = "ifca.cluster"

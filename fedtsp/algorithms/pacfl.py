@@ -40,7 +40,7 @@ from fedtsp.algorithms.clustering.subspaces import (
     data_subspace,
     subspace_distances,
 )
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 from fedtsp.data import pixels
 
 

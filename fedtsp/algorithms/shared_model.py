@@ -38,7 +38,7 @@ from fedtsp.algorithms.aggregation import WEIGHTINGS, fedavg, normalized_weights
 from fedtsp.algorithms.base import ClientHalf, Half, Message, RunContext, ServerHalf
 from fedtsp.algorithms.clients import Client, ClientFacts
 from fedtsp.algorithms.model_messages import SAMPLES_KEY, load_shared_weights, shared_weights
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 from fedtsp.models.families import ARCHITECTURES, ClientModel, build_model, client_architecture
 
 T = TypeVar("T")

@@ -29,6 +29,8 @@ BATCH_ORDERS = ("shuffled", "fixed")
 # seed; "shared", torch reseeded with the run's seed before each model, so clients of one
 # architecture start identical (HtFLlib seeds torch with 0 before building each client).
 CLIENT_INITS = ("independent", "shared")
+# Image memory layouts by their command-line name -> channels_last (None: the device decides).
+LAYOUTS: dict[str, bool | None] = {"auto": None, "channels-last": True, "nchw": False}
 # Clients with fewer training samples than one batch: "train" on that one partial batch;
 # "skip" training them, as HtFLlib's DataLoader(drop_last=True) does (it yields no batch).
 UNDERSIZED_CLIENTS = ("train", "skip")

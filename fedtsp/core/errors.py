@@ -15,6 +15,11 @@ class UserError(Exception):
     """Something the user gave cannot be used; the message says what and what is allowed."""
 
 
+class RunFailedError(Exception):
+    """A run started and could not finish (a NaN loss, a client that stopped answering);
+    the CLI prints it as one line with exit status 1."""
+
+
 def one_line(exc: BaseException) -> str:
     """The error's message on one line (a multi-line message is joined with '; ')."""
     text = "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())

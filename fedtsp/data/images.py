@@ -82,7 +82,6 @@ def pixels(images: torch.Tensor) -> torch.Tensor:
 
 
 # Names of the image memory layouts (CLI / benchmark) -> `device_images`'s channels_last.
-LAYOUTS: dict[str, bool | None] = {"auto": None, "channels-last": True, "nchw": False}
 
 
 def device_images(

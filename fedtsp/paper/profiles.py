@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from fedtsp.core.config import ConfigError, RunConfig
-from fedtsp.engine.runspec import check_run
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,6 +56,8 @@ def profile_names(path: Path = PROFILES_FILE) -> list[str]:
 
 def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
     """The profile `name`, checked: its base config validates and its methods exist."""
+    from fedtsp.engine.runspec import check_run  # imports the methods; method_specs needs none
+
     raw = _read(path)
     names = [n for n in raw if n != "methods"]
     if name not in names:

@@ -29,11 +29,11 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.config import ConfigError
 from fedtsp.core.paths import portable_path, scrub_paths
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
+from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.outputs import write_index
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 EXIT_FAILED = 1
 EXIT_PARTIAL = 3
 
@@ -51,22 +51,6 @@ class NotebookResult:
         if not self.ok:
             return "failed"
         return "partial" if any(not s["planned"] for s in self.skipped) else "ok"
-
-
-def find_notebooks(notebooks_dir: Path, only: list[str] | None = None) -> list[Path]:
-    """Numbered notebooks (`NN_name.ipynb`), optionally only those whose name starts with `only`."""
-    found = sorted(p for p in notebooks_dir.glob("[0-9][0-9]_*.ipynb"))
-    if not found:
-        raise ConfigError(f"no numbered notebooks (NN_name.ipynb) in {notebooks_dir}")
-    if only:
-        unknown = [o for o in only if not any(p.stem.startswith(o) for p in found)]
-        if unknown:
-            raise ConfigError(
-                f"--only {' '.join(unknown)} matches no notebook; have: "
-                f"{', '.join(p.stem for p in found)}"
-            )
-        found = [p for p in found if any(p.stem.startswith(o) for o in only)]
-    return found
 
 
 def collect_runs(

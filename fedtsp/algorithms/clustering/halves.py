@@ -35,7 +35,7 @@ from fedtsp.algorithms.model_messages import (
     model_message,
     with_sample_count,
 )
-from fedtsp.algorithms.options import option
+from fedtsp.core.options import option
 
 
 @dataclass

@@ -36,6 +36,7 @@ from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.atomic import atomic_write_bytes
 from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.errors import RunFailedError
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
     Datasets,
@@ -71,7 +72,7 @@ INITIAL = "initial."  # node file entries of the client's starting model
 SETUP_RNG = "setup_rng"  # the set-up RNG state (torch.save bytes as uint8)
 
 
-class ClientFailureError(RuntimeError):
+class ClientFailureError(RunFailedError, RuntimeError):
     """A client (node) did not answer, or answered with an error, during a Flower run."""
 
 

@@ -55,18 +55,32 @@ def _parse_bounds(bounds: str) -> list[tuple[Callable[[Any, Any], bool], float]]
 def check_declared(options: Any) -> None:
     """Raise ValueError for the first field outside its declared range or choices."""
     for field in dataclasses.fields(options):
-        value, meta = getattr(options, field.name), field.metadata
-        if value is None:
-            continue
-        bounds, choices = meta.get("bounds"), meta.get("choices") or ()
-        if bounds is not None and not all(ok(value, ref) for ok, ref in _parse_bounds(bounds)):
-            where = f"in {bounds}" if bounds.strip()[0] in "([" else bounds
-            raise ValueError(f"{field.name}={value!r} is invalid; must be {where}")
-        allowed = choices() if callable(choices) else choices
-        if allowed and value not in allowed:
-            raise ValueError(
-                f"{field.name}={value!r} is invalid; choose one of {', '.join(allowed)}"
-            )
+        meta = field.metadata
+        _check_field(
+            field.name, getattr(options, field.name), meta.get("bounds"), meta.get("choices")
+        )
+
+
+def _check_field(name: str, value: Any, bounds: str | None, choices: Choices | None) -> None:
+    if value is None:
+        return
+    if bounds is not None and not all(ok(value, ref) for ok, ref in _parse_bounds(bounds)):
+        where = f"in {bounds}" if bounds.strip()[0] in "([" else bounds
+        raise ValueError(f"{name}={value!r} is invalid; must be {where}")
+    allowed = choices() if callable(choices) else choices or ()
+    if allowed and value not in allowed:
+        raise ValueError(f"{name}={value!r} is invalid; choose one of {', '.join(allowed)}")
+
+
+def check_value(
+    name: str, value: Any, annotation: Any, bounds: str | None = None, choices: Choices = ()
+) -> Any:
+    """One option value as `build_options` takes it: coerced to `annotation` and checked
+    against its range and choices (ValueError), without the Options class itself (the
+    command line's early check, from `fedtsp.catalogue`)."""
+    value = _coerce(value, annotation, name)
+    _check_field(name, value, bounds, choices)
+    return value
 
 
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
@@ -100,13 +114,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 def build_options(options_cls: type, name: str, values: dict[str, Any]) -> Any:
     """``options_cls`` built from a dict: unknown keys, bad types, values outside the declared
     ranges and choices, and the class's own ``validate()`` rules raise ConfigError."""
-    fields = {f.name: f for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        allowed = ", ".join(sorted(fields)) or "none"
-        raise ConfigError(
-            f"algorithm {name!r} has no option(s) {', '.join(unknown)}; its options: {allowed}"
-        )
+    _check_names(name, values, [f.name for f in dataclasses.fields(options_cls)])
     hints = typing.get_type_hints(options_cls)
     try:
         options = options_cls(**{k: _coerce(v, hints[k], k) for k, v in values.items()})
@@ -115,6 +123,29 @@ def build_options(options_cls: type, name: str, values: dict[str, Any]) -> Any:
     except ValueError as exc:
         raise ConfigError(f"algorithm {name!r}: {exc}") from None
     return options
+
+
+def check_given(
+    algorithm: str, values: dict[str, Any], declared: dict[str, tuple[Any, str | None, Choices]]
+) -> None:
+    """What `build_options` checks of the given values alone (names, types, ranges, choices),
+    from their declarations (name -> annotation, bounds, choices) instead of the Options
+    class: the command line's check before the methods are imported. ConfigError."""
+    _check_names(algorithm, values, list(declared))
+    try:
+        for key, value in values.items():
+            check_value(key, value, *declared[key])
+    except ValueError as exc:
+        raise ConfigError(f"algorithm {algorithm!r}: {exc}") from None
+
+
+def _check_names(algorithm: str, values: dict[str, Any], fields: list[str]) -> None:
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        allowed = ", ".join(sorted(fields)) or "none"
+        raise ConfigError(
+            f"algorithm {algorithm!r} has no option(s) {', '.join(unknown)}; its options: {allowed}"
+        )
 
 
 def describe_options(options_cls: type) -> list[tuple[str, Any, str]]:
