@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -240,3 +241,16 @@ def test_a_reading_names_the_leader_the_gap_and_a_setting_that_barely_learns():
     assert fast.startswith("Reading: d1: C leads with 3.00 (n = 2, all equal)")
     tie = numbers.assign(mean=[5.0, 5.0, 1.0])
     assert ", tied with B" in reading(tie, "method", "dataset")
+
+
+def test_a_notebooks_set_up_is_one_object_with_every_value(tmp_path, monkeypatch, capsys):
+    from fedtsp.paper.notebook import open_notebook
+
+    monkeypatch.chdir(tmp_path)
+    nb = open_notebook("03_main_table", "cpu", "results", {"seeds": [7]})
+    assert nb.seeds == [7] and nb.methods == notebook_parameters("cpu", "03_main_table")["methods"]
+    assert nb.store == str(Path("results") / "cpu" / "runs")  # relative: no machine path
+    assert nb.writer.root == Path("results") / "cpu" and nb.source.requested == nb.data
+    assert capsys.readouterr().out.startswith("profile cpu: ")
+    with pytest.raises(AttributeError, match="notebook 03_main_table has no parameter 'sedes'"):
+        _ = nb.sedes

@@ -57,3 +57,43 @@ def short_errors() -> bool:
         return False
     shell.set_custom_exc((UserError,), _show_user_error)
     return True
+
+
+class Notebook:
+    """What a numbered notebook's set-up cell gives its other cells: each value of its
+    profile as an attribute (`nb.seeds`, `nb.methods`, ...; `fedtsp.paper.profiles`), the
+    data (`nb.source`) and the writer of its tables and figures (`nb.writer`)."""
+
+    def __init__(self, name: str, params: dict[str, Any], source: Any, writer: Any) -> None:
+        self.name, self.params, self.source, self.writer = name, params, source, writer
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["params"][key]
+        except KeyError:
+            raise AttributeError(
+                f"notebook {self.__dict__.get('name')} has no parameter {key!r}"
+            ) from None
+
+
+def open_notebook(
+    name: str, profile: str, results_root: str, overrides: dict[str, Any] | None = None
+) -> Notebook:
+    """The set-up of notebook `name` at `profile`: its parameters (run store and results under
+    `results_root`, given relative to the notebook's folder), its data source and results
+    writer; user errors as one line from here on. Prints the profile and where the data and
+    runs come from."""
+    # Imported here: the command line imports this module for `find_notebooks` alone.
+    from fedtsp.paper.experiments import DataSource
+    from fedtsp.paper.outputs import ResultsWriter
+    from fedtsp.paper.profiles import notebook_parameters
+
+    params = notebook_parameters(profile, name, results_root, relative_to=".", overrides=overrides)
+    source = DataSource(params["data"], params["synthetic_per_class"])
+    writer = ResultsWriter(
+        params["results_dir"], name, profile, params["about"], planned=params["planned_skips"]
+    )
+    short_errors()
+    print(f"profile {profile}: {params['about'] or '(custom parameters)'}")
+    print(f"data: {source.data or 'cache / torchvision download'}; run store: {params['store']}")
+    return Notebook(name, params, source, writer)
