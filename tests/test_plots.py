@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib
+import numpy as np
 import pandas as pd
 
 from fedtsp.paper.plots import accuracy_curves, grouped_bars, paired_scatter
@@ -32,7 +33,7 @@ def test_a_legend_of_several_hues_sits_outside_the_axes():
 
 
 def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
-    methods = [f"M{i}" for i in range(12)]
+    methods = [f"M{i}" for i in range(11)] + ["FedTSP-MiniLM"]
     curves = pd.DataFrame(
         [
             {"panel": p, "method": m, "seed": s, "round": r, "acc": i + r + s}
@@ -47,6 +48,12 @@ def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
     lines = {h.get_label(): h for h in fig.legends[0].legend_handles}
     styles = {(tuple(lines[m].get_color()), lines[m].get_linestyle()) for m in methods}
     assert len(styles) == 12  # no two methods share both colour and dash pattern
+    colours = [np.array(lines[m].get_color()[:3]) for m in methods]
+    gaps = [np.linalg.norm(a - b) for i, a in enumerate(colours) for b in colours[i + 1 :]]
+    assert min(gaps) > 0.2  # nor two colours that look alike (RGB distance), up to 12
+    ours = lines["FedTSP-MiniLM"]
+    assert tuple(ours.get_color())[:3] == (0.0, 0.0, 0.0)  # FedTSP in black, drawn thicker
+    assert ours.get_linewidth() > max(lines[m].get_linewidth() for m in methods[:-1])
     ticks = fig.axes[0].get_xticks()
     assert all(float(t).is_integer() for t in ticks)
 
@@ -73,3 +80,13 @@ def test_bar_names_get_room_enough_not_to_overlap():
     fig.canvas.draw()
     boxes = [t.get_window_extent() for t in fig.axes[0].get_xticklabels()]
     assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:], strict=False))
+
+
+def test_a_bounded_score_can_show_its_range_instead_of_crossing_its_bound():
+    frame = pd.DataFrame({"method": ["a"] * 3, "ari": [1.0, 1.0, 0.4]})
+    spread = grouped_bars(frame, x="method", y="ari", ylabel="ARI").axes[0]
+    ranged = grouped_bars(frame, x="method", y="ari", ylabel="ARI", errorbar="range").axes[0]
+    top = [max(line.get_ydata()) for line in spread.lines]
+    assert max(top) > 1.0  # mean 0.8 + sd 0.35: above what an ARI can be
+    assert max(max(line.get_ydata()) for line in ranged.lines) == 1.0  # the seeds' max
+    assert ranged.get_ylabel() == "ARI"

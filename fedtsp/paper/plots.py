@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import textwrap
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import matplotlib.pyplot as plt
@@ -34,9 +35,12 @@ def grouped_bars(
     order: list[Any] | None = None,
     hue_order: list[Any] | None = None,
     dodge: bool = True,
+    errorbar: str = "std",
 ) -> Figure:
     """Mean of `y` per (x, hue) with the seeds' sample standard deviation as error bars
-    (`statistics.std_interval`: the spread the tables print; none for one seed).
+    (`statistics.std_interval`: the spread the tables print; none for one seed), or with
+    `errorbar="range"` the seeds' minimum to maximum (for a bounded score such as the ARI,
+    whose mean + sd can pass its bound).
 
     Bars start at zero, so their lengths compare honestly; long category names are wrapped
     instead of rotated; the legend sits outside the axes, and a `hue` with one value goes
@@ -57,7 +61,7 @@ def grouped_bars(
         hue=hue,
         order=names,
         hue_order=hue_order,
-        errorbar=std_interval,
+        errorbar={"std": std_interval, "range": ("pi", 100)}[errorbar],
         dodge=dodge,
         capsize=0.1,
         err_kws={"linewidth": 1.0},
@@ -88,20 +92,47 @@ def _legend_outside(ax: Any, title: str) -> None:
     )
 
 
+@dataclass(frozen=True)
+class SeriesStyle:
+    colour: tuple[float, float, float]
+    dashes: str | tuple[float, float]  # "" = solid
+    width: float
+
+
+# Twelve colours told apart at print size: tab10 (its grey included) and a dark teal and a
+# dark gold it lacks; FedTSP's own lines are black.
+_BASELINE_COLOURS = [*sns.color_palette("tab10", 10), (0.0, 0.42, 0.42), (0.65, 0.5, 0.0)]
+_OURS_COLOURS = [(0.0, 0.0, 0.0), (0.55, 0.0, 0.0), (0.0, 0.0, 0.45)]
+_DASHES: list[str | tuple[float, float]] = ["", (4, 1.5), (1.5, 1.5)]
+
+
+def series_styles(levels: Sequence[str]) -> dict[str, SeriesStyle]:
+    """One style per series, no two alike: FedTSP's (labels starting "FedTSP") black and dark
+    colours, thicker; the others twelve distinct colours, then again with dashes."""
+    ours = [name for name in levels if str(name).startswith("FedTSP")]
+    others = [name for name in levels if name not in ours]
+    styles = {}
+    for group, colours, width in ((ours, _OURS_COLOURS, 2.0), (others, _BASELINE_COLOURS, 1.2)):
+        for i, name in enumerate(group):
+            dash = _DASHES[(i // len(colours)) % len(_DASHES)]
+            styles[name] = SeriesStyle(colours[i % len(colours)], dash, width)
+    return {name: styles[name] for name in levels}
+
+
 def accuracy_curves(
     curves: pd.DataFrame, panel: str, line: str, title: str = "", ylabel: str = "accuracy (%)"
 ) -> Figure:
     """Accuracy per round (columns `round`, `acc`), one panel per `panel` value, one line
     per `line` value, mean over seeds with a band of one sample standard deviation.
 
-    Lines differ in colour (ten distinct ones) and, beyond ten, in dash pattern too; rounds
-    are whole numbers; one legend for all panels sits to their right.
+    Each line has its own colour (`series_styles`: ours in black, thicker); rounds are whole
+    numbers; one legend for all panels sits to their right.
     """
     panels = list(dict.fromkeys(curves[panel]))
     levels = list(dict.fromkeys(curves[line]))
-    colours = sns.color_palette("tab10", 10)
-    palette = {name: colours[i % 10] for i, name in enumerate(levels)}
-    dashes = {name: "" if i < 10 else (4, 1.5) for i, name in enumerate(levels)}
+    styles = series_styles(levels)
+    palette = {name: style.colour for name, style in styles.items()}
+    dashes = {name: style.dashes for name, style in styles.items()}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels) + 1.6, 3.8), squeeze=False)
     for ax, value in zip(axes[0], panels, strict=True):
         sns.lineplot(
@@ -114,9 +145,12 @@ def accuracy_curves(
             style_order=levels,
             palette=palette,
             dashes=dashes,
+            size=line,
+            sizes={name: style.width for name, style in styles.items()},
+            size_order=levels,
             errorbar=std_interval,
+            err_kws={"alpha": 0.12},
             ax=ax,
-            linewidth=1.3,
         )
         ax.set_title(f"{value}")
         ax.set_ylabel(ylabel)
