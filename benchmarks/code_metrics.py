@@ -52,7 +52,7 @@ LAYERS = {
     "methods": ("algorithms",),
     "engine": ("engine",),
     "paper workflow": ("paper",),
-    "entry points": ("cli", "__init__", "__main__"),
+    "entry points": ("cli", "catalogue", "__init__", "__main__"),
 }
 
 

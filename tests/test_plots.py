@@ -6,7 +6,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 
-from fedtsp.paper.plots import accuracy_curves, grouped_bars, paired_scatter
+from fedtsp.paper.plots import accuracy_curves, grouped_bars, paired_scatter, privacy_tradeoff
 
 matplotlib.use("Agg")
 
@@ -90,3 +90,28 @@ def test_a_bounded_score_can_show_its_range_instead_of_crossing_its_bound():
     assert max(top) > 1.0  # mean 0.8 + sd 0.35: above what an ARI can be
     assert max(max(line.get_ydata()) for line in ranged.lines) == 1.0  # the seeds' max
     assert ranged.get_ylabel() == "ARI"
+
+
+def test_long_legend_entries_wrap_so_the_legend_stays_narrower_than_the_plot():
+    names = ["long: Claude (Anthropic)", "wordnet: WordNet 3.0 (Princeton lexicographers)"]
+    frame = pd.DataFrame({"d": ["x", "x", "y", "y"], "acc": [1.0, 2, 3, 4], "h": names * 2})
+    fig = grouped_bars(frame, x="d", y="acc", hue="h")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(len(line) <= 22 for text in texts for line in text.split("\n"))
+    assert ax.get_legend().get_window_extent().width < ax.get_window_extent().width
+
+
+def test_the_privacy_figure_keeps_no_dp_apart_and_draws_the_attacks_chance():
+    runs = pd.DataFrame(
+        {"epsilon": ["no DP", "8", "1"] * 2, "best_acc": [80.0, 79.0, 78.0, 81.0, 79.5, 77.0]}
+    )
+    share = pd.Series({"no DP": 1.0, "8": 0.3, "1": 0.1})
+    fig = privacy_tradeoff(runs, {"prompt attack": share}, ["no DP", "8", "1"], chance=10.0)
+    left, right = fig.axes
+    data = [line for line in left.lines if len(line.get_xdata()) > 1 and line.get_marker() == "o"]
+    assert [list(line.get_xdata()) for line in data] == [["8", "1"]]  # no DP is not a point
+    assert any(line.get_ydata()[0] == 80.5 for line in left.lines)  # but its mean, a line
+    assert any(list(line.get_ydata()) == [10.0, 10.0] for line in right.lines)  # chance
+    assert left.get_ylabel() and right.get_ylabel() and left.get_ylim()[0] == 0

@@ -86,10 +86,16 @@ _WRAP = 16  # characters per line of a category name under a bar
 
 
 def _legend_outside(ax: Any, title: str) -> None:
-    """The axes' legend to the right of the plot, where it hides no data."""
+    """The axes' legend to the right of the plot, where it hides no data, its entries
+    wrapped so that it stays narrower than the plot."""
     sns.move_legend(
         ax, "upper left", bbox_to_anchor=(1.01, 1.0), title=title, fontsize=8, title_fontsize=9
     )
+    for text in ax.get_legend().get_texts():
+        text.set_text(textwrap.fill(text.get_text(), _LEGEND_WRAP))
+
+
+_LEGEND_WRAP = 22  # characters per line of a legend entry
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,44 @@ def accuracy_curves(
         handles, labels = ax.get_legend_handles_labels()
         ax.get_legend().remove()
     fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def privacy_tradeoff(
+    runs: pd.DataFrame,
+    attacks: dict[str, pd.Series],
+    order: Sequence[str],
+    chance: float,
+    title: str = "",
+) -> Figure:
+    """Table 4 as two panels on one row of privacy settings (`order`: "no DP", then each
+    epsilon): left, accuracy (%) per setting, mean with the seeds' sd (`runs`: columns
+    epsilon, best_acc), the no-DP run a reference line rather than a point joined to the
+    epsilons; right, the share (%) of class names each attack recovers (`attacks`: name ->
+    share per setting, 0-1) with the attack's chance level (%) drawn in."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.5, 3.6))
+    acc = summary_frame(runs, ["epsilon"], "best_acc").set_index("epsilon").reindex(order)
+    private = [e for e in order if e != "no DP"]
+    left.errorbar(private, acc.loc[private, "mean"], yerr=acc.loc[private, "std"].fillna(0),
+                  marker="o", capsize=3, color="black", label="with DP")  # fmt: skip
+    if "no DP" in acc.index and not pd.isna(acc.loc["no DP", "mean"]):
+        mean, sd = acc.loc["no DP", "mean"], acc.loc["no DP", "std"]
+        left.axhline(mean, color="tab:blue", linestyle="--", label="no DP (mean)")
+        if not pd.isna(sd):
+            left.axhspan(mean - sd, mean + sd, color="tab:blue", alpha=0.12, label="no DP (± sd)")
+    # From zero: a zoomed axis would make seed noise look like a privacy cost.
+    left.set_ylim(0, 1.15 * float((acc["mean"] + acc["std"].fillna(0)).max()))
+    left.set(xlabel="epsilon", ylabel="accuracy (%)", title="accuracy")
+    left.legend(loc="lower left", fontsize=8)
+    for (name, share), marker in zip(attacks.items(), "s^v", strict=False):
+        right.plot(order, 100 * share.reindex(order), marker=marker, label=name)
+    right.axhline(chance, color="grey", linestyle=":", label=f"chance ({chance:.1f} %)")
+    right.set(xlabel="privacy setting", ylabel="class names recovered (%)", ylim=(-2, 102))
+    right.set_title("attack on the uploaded embeddings")
+    right.legend(loc="center right", fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
