@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib
 import numpy as np
 import pandas as pd
+import pytest
 
 from fedtsp.paper.plots import accuracy_curves, grouped_bars, paired_scatter, privacy_tradeoff
 
@@ -58,19 +59,27 @@ def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
     assert all(float(t).is_integer() for t in ticks)
 
 
-def test_scatter_names_are_spaced_apart_even_for_coincident_points():
+def test_scatter_points_carry_seed_error_bars_and_a_legend_off_the_data():
     frame = pd.DataFrame(
         {
-            "method": ["A", "B", "C", "D"],
-            "top1": [24.6, 24.6, 25.0, 14.0],
-            "top5": [58.90, 58.85, 59.9, 35.0],
+            "method": ["A", "B", "C", "FedTSP-MiniLM"] * 2,
+            "top1": [24.6, 24.6, 25.0, 26.0, 24.8, 24.4, 25.0, 26.4],
+            "top5": [58.90, 58.85, 59.9, 60.0, 59.1, 58.65, 59.9, 60.4],
         }
     )
     fig = paired_scatter(frame, "top1", "top5", "method", "top-1", "top-5")
-    spots = sorted(t.xyann[1] for t in fig.axes[0].texts)
-    assert len(spots) == 4
-    gaps = [b - a for a, b in zip(spots, spots[1:], strict=False)]
-    assert min(gaps) >= 0.07 * (59.9 - 35.0) - 1e-9
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    legend = ax.get_legend()
+    names = [t.get_text() for t in legend.get_texts()]
+    assert names == ["FedTSP-MiniLM", "C", "A", "B"]  # in the points' vertical order
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # off the data
+    colours = {tuple(c.lines[0].get_color()) for c in ax.containers}
+    assert len(colours) == 4  # one colour each
+    # A's top-5 over its two seeds: 58.90 and 59.10, so its bar spans mean -/+ sd.
+    caps = [c for c in ax.containers if c.get_label() == "A"][0]
+    low, high = sorted(caps.lines[2][1].get_segments()[0][:, 1])  # the y bar
+    assert (low, high) == pytest.approx((59.0 - 0.1414, 59.0 + 0.1414), abs=1e-3)
 
 
 def test_bar_names_get_room_enough_not_to_overlap():

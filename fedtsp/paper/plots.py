@@ -211,44 +211,41 @@ def privacy_tradeoff(
 def paired_scatter(
     frame: pd.DataFrame, x: str, y: str, label: str, xlabel: str, ylabel: str, title: str = ""
 ) -> Figure:
-    """One point per `label` (mean over seeds), e.g. top-1 vs top-5 accuracy.
-
-    Names go in a column to the right of the plot, in the points' vertical order and spaced
-    so that none overlaps, each joined to its point by a thin line: close points stay
-    readable.
-    """
-    means = frame.groupby(label, sort=False)[[x, y]].mean().sort_values(y)
-    fig, ax = plt.subplots(figsize=(6.2, 4.4))
-    ax.scatter(means[x], means[y], s=28, color="tab:blue", zorder=3)
-    low, high = means[y].min(), means[y].max()
-    span = max(high - low, 1e-9)
-    ax.set_ylim(low - 0.08 * span, high + 0.08 * span)
-    gap = 0.07 * span
-    spots: list[float] = []
-    for value in means[y]:  # ascending: push each name up until it clears the one below
-        spots.append(max(value, spots[-1] + gap) if spots else value)
-    overflow = spots[-1] - (high + 0.08 * span)
-    if overflow > 0:  # shift the column down so that it ends within the axes' height
-        spots = [s - overflow for s in spots]
-    right = ax.get_xlim()[1]
-    for (name, row), spot in zip(means.iterrows(), spots, strict=True):
-        ax.annotate(
-            str(name),
-            (row[x], row[y]),
-            xytext=(right, spot),
-            textcoords=("data", "data"),
-            xycoords="data",
-            fontsize=7,
-            va="center",
-            annotation_clip=False,
-            arrowprops={"arrowstyle": "-", "color": "0.6", "linewidth": 0.5},
+    """One point per `label`, e.g. top-1 vs top-5 accuracy: the mean over seeds with the
+    seeds' sample sd on both axes as error bars. Each label has its own colour and marker
+    (`series_styles`) and is named in a legend to the right of the plot, in the points'
+    vertical order: no name sits on the data and no line crosses another."""
+    means = frame.groupby(label, sort=False)[[x, y]].mean().sort_values(y, ascending=False)
+    spread = frame.groupby(label, sort=False)[[x, y]].std().reindex(means.index)
+    styles = series_styles(list(means.index))
+    fig, ax = plt.subplots(figsize=(6.8, 4.4))
+    for i, (name, row) in enumerate(means.iterrows()):
+        ax.errorbar(
+            row[x],
+            row[y],
+            xerr=_or_zero(spread.loc[name, x]),
+            yerr=_or_zero(spread.loc[name, y]),
+            marker=_MARKERS[i % len(_MARKERS)],
+            markersize=6 if styles[name].width > 1.5 else 5,
+            color=styles[name].colour,
+            elinewidth=0.8,
+            capsize=2,
+            linestyle="none",
+            label=str(name),
         )
-    ax.set_xlim(right=right)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title=label)
     fig.tight_layout()
     return fig
+
+
+_MARKERS = "oDs^vP*Xph<>"
+
+
+def _or_zero(value: float) -> float:
+    return 0.0 if pd.isna(value) else float(value)
 
 
 def curves_frame(
