@@ -124,3 +124,52 @@ def test_the_privacy_figure_keeps_no_dp_apart_and_draws_the_attacks_chance():
     assert any(line.get_ydata()[0] == 80.5 for line in left.lines)  # but its mean, a line
     assert any(list(line.get_ydata()) == [10.0, 10.0] for line in right.lines)  # chance
     assert left.get_ylabel() and right.get_ylabel() and left.get_ylim()[0] == 0
+
+
+def _points_under_legends(fig) -> list[tuple[float, float]]:
+    """Data points (display coordinates) that a legend box covers, over all axes."""
+    fig.canvas.draw()
+    boxes = [leg.get_window_extent() for leg in fig.legends]
+    boxes += [ax.get_legend().get_window_extent() for ax in fig.axes if ax.get_legend()]
+    covered = []
+    for ax in fig.axes:
+        for line in ax.lines:
+            xy = line.get_xydata()
+            if len(xy) == 0:
+                continue
+            for x, y in ax.transData.transform(xy):
+                if any(box.contains(x, y) for box in boxes):
+                    covered.append((x, y))
+        for patch in ax.patches:  # bars: their top edge
+            bbox = patch.get_window_extent()
+            if bbox.width and any(box.contains(bbox.x0 + bbox.width / 2, bbox.y1) for box in boxes):
+                covered.append((bbox.x0, bbox.y1))
+    return covered
+
+
+def test_no_legend_hides_a_data_point_in_any_figure():
+    runs = pd.DataFrame(
+        {"epsilon": ["no DP", "8", "1"] * 2, "best_acc": [80.0, 79.0, 78.0, 81.0, 79.5, 77.0]}
+    )
+    shares = {"prompt attack": pd.Series({"no DP": 1.0, "8": 0.3, "1": 0.1})}
+    methods = [f"M{i}" for i in range(11)] + ["FedTSP-MiniLM"]
+    curves = pd.DataFrame(
+        [
+            {"panel": p, "method": m, "seed": s, "round": r, "acc": i + r + s}
+            for p in ("a", "b")
+            for i, m in enumerate(methods)
+            for s in (0, 1)
+            for r in range(6)
+        ]
+    )
+    scatter = pd.DataFrame({"m": methods * 2, "t1": range(24), "t5": range(24)})
+    bars = pd.DataFrame({"d": ["x", "y"] * 6, "acc": range(12), "h": list("abc") * 4})
+    figures = [
+        privacy_tradeoff(runs, shares, ["no DP", "8", "1"], chance=10.0),
+        accuracy_curves(curves, panel="panel", line="method"),
+        paired_scatter(scatter, "t1", "t5", "m", "top-1", "top-5"),
+        grouped_bars(bars, x="d", y="acc", hue="h"),
+    ]
+    for fig in figures:
+        assert _points_under_legends(fig) == []
+        assert all(ax.get_ylabel() for ax in fig.axes)  # every axis says what it measures
