@@ -33,9 +33,12 @@ def test_a_legend_of_several_hues_sits_outside_the_axes():
     assert legend.x0 >= fig.axes[0].get_window_extent().x1
 
 
-def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
-    methods = [f"M{i}" for i in range(11)] + ["FedTSP-MiniLM"]
-    curves = pd.DataFrame(
+METHODS = [f"M{i}" for i in range(11)] + ["FedTSP-MiniLM"]
+
+
+def _curves(methods: list[str]) -> pd.DataFrame:
+    """Two panels of six rounds, two seeds per method, each method on its own level."""
+    return pd.DataFrame(
         [
             {"panel": p, "method": m, "seed": s, "round": r, "acc": i + r + s}
             for p in ("a", "b")
@@ -44,6 +47,11 @@ def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
             for r in range(6)
         ]
     )
+
+
+def test_curves_have_whole_rounds_twelve_distinguishable_lines_and_one_legend():
+    methods = METHODS
+    curves = _curves(methods)
     fig = accuracy_curves(curves, panel="panel", line="method")
     assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
     lines = {h.get_label(): h for h in fig.legends[0].legend_handles}
@@ -152,16 +160,8 @@ def test_no_legend_hides_a_data_point_in_any_figure():
         {"epsilon": ["no DP", "8", "1"] * 2, "best_acc": [80.0, 79.0, 78.0, 81.0, 79.5, 77.0]}
     )
     shares = {"prompt attack": pd.Series({"no DP": 1.0, "8": 0.3, "1": 0.1})}
-    methods = [f"M{i}" for i in range(11)] + ["FedTSP-MiniLM"]
-    curves = pd.DataFrame(
-        [
-            {"panel": p, "method": m, "seed": s, "round": r, "acc": i + r + s}
-            for p in ("a", "b")
-            for i, m in enumerate(methods)
-            for s in (0, 1)
-            for r in range(6)
-        ]
-    )
+    methods = METHODS
+    curves = _curves(methods)
     scatter = pd.DataFrame({"m": methods * 2, "t1": range(24), "t5": range(24)})
     bars = pd.DataFrame({"d": ["x", "y"] * 6, "acc": range(12), "h": list("abc") * 4})
     figures = [
