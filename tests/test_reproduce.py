@@ -212,7 +212,7 @@ def _reproduce_with_cell(tmp_path, source: str, after: str | None, **options) ->
     """Reproduce the smoke profile over a copy of notebook 01 with one cell added.
 
     The cell goes after the first cell containing `after` (None: before the first code
-    cell, ahead of the writer and of `short_errors()`). The summary lands in tmp_path.
+    cell, ahead of the set-up cell and its `short_errors()`). The summary lands in tmp_path.
     """
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
@@ -269,10 +269,10 @@ def test_a_partial_notebook_is_loud_and_fails_without_allow_partial(
 ):
     # The notebook's data lacks `item`, as on a machine without it.
     skip = (
-        f"writer.skip({item!r}, 'the FMCL mixed-domain rows', 'no copy found here', "
+        f"nb.writer.skip({item!r}, 'the FMCL mixed-domain rows', 'no copy found here', "
         "'apt-get install dataset-fashion-mnist')"
     )
-    code = _reproduce_with_cell(tmp_path, skip, "ResultsWriter(", allow_partial=allow)
+    code = _reproduce_with_cell(tmp_path, skip, "open_notebook(", allow_partial=allow)
     out = capsys.readouterr().out
     assert code == status
     partial = word == "PARTIAL"
@@ -293,7 +293,7 @@ def test_a_partial_notebook_is_loud_and_fails_without_allow_partial(
 
 def test_a_user_error_in_a_notebook_shows_one_sentence_not_frames(tmp_path):
     bad = "from fedtsp.data import load_dataset\n\nload_dataset('cifar10', '/no/such/data.tar.gz')"
-    assert _reproduce_with_cell(tmp_path, bad, "short_errors()") == 1
+    assert _reproduce_with_cell(tmp_path, bad, "open_notebook(") == 1
     executed = nbformat.read(tmp_path / "pm" / "smoke" / "01_descriptions.ipynb", as_version=4)
     (error,) = [o for c in executed.cells for o in c.get("outputs", []) if o.output_type == "error"]
     assert len(error.traceback) == 1
