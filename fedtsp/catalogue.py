@@ -82,13 +82,15 @@ def annotation(option: dict[str, Any]) -> Any:
     return base | None if option["optional"] else base
 
 
-def text() -> str:
-    return json.dumps(build(), indent=1) + "\n"
+def text(catalogue: dict[str, Any] | None = None) -> str:
+    """The catalogue as `catalogue.json` holds it (default: built from the registries)."""
+    return json.dumps(build() if catalogue is None else catalogue, indent=1) + "\n"
 
 
 def main() -> int:
-    PATH.write_text(text())
-    print(f"wrote {PATH.name}: {len(load.__wrapped__()['algorithms'])} algorithms")
+    built = build()
+    PATH.write_text(text(built))
+    print(f"wrote {PATH.name}: {len(built['algorithms'])} algorithms")
     return 0
 
 

@@ -114,11 +114,15 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
 def build_options(options_cls: type, name: str, values: dict[str, Any]) -> Any:
     """``options_cls`` built from a dict: unknown keys, bad types, values outside the declared
     ranges and choices, and the class's own ``validate()`` rules raise ConfigError."""
-    _check_names(name, values, [f.name for f in dataclasses.fields(options_cls)])
     hints = typing.get_type_hints(options_cls)
+    declared = {
+        f.name: (hints[f.name], f.metadata.get("bounds"), f.metadata.get("choices") or ())
+        for f in dataclasses.fields(options_cls)
+    }
+    typed = check_given(name, values, declared)
     try:
-        options = options_cls(**{k: _coerce(v, hints[k], k) for k, v in values.items()})
-        check_declared(options)
+        options = options_cls(**typed)
+        check_declared(options)  # the defaults too
         getattr(options, "validate", lambda: None)()
     except ValueError as exc:
         raise ConfigError(f"algorithm {name!r}: {exc}") from None
@@ -127,14 +131,14 @@ def build_options(options_cls: type, name: str, values: dict[str, Any]) -> Any:
 
 def check_given(
     algorithm: str, values: dict[str, Any], declared: dict[str, tuple[Any, str | None, Choices]]
-) -> None:
-    """What `build_options` checks of the given values alone (names, types, ranges, choices),
-    from their declarations (name -> annotation, bounds, choices) instead of the Options
-    class: the command line's check before the methods are imported. ConfigError."""
+) -> dict[str, Any]:
+    """The given values coerced to their types, after checking their names, types, ranges and
+    choices against their declarations (name -> annotation, bounds, choices); ConfigError.
+    `build_options` declares them from the Options class, the command line from the
+    catalogue, before the methods are imported."""
     _check_names(algorithm, values, list(declared))
     try:
-        for key, value in values.items():
-            check_value(key, value, *declared[key])
+        return {key: check_value(key, value, *declared[key]) for key, value in values.items()}
     except ValueError as exc:
         raise ConfigError(f"algorithm {algorithm!r}: {exc}") from None
 

@@ -1,8 +1,8 @@
-"""The numbered notebooks: where they are, which ones `--only` picks, and their user errors
-as one sentence instead of screens of frames.
+"""The numbered notebooks: where they are, which ones `--only` picks, their set-up, and their
+user errors as one sentence instead of screens of frames.
 
-Each numbered notebook calls `short_errors()` in its first code cell. A `UserError` raised
-in a later cell (a missing dataset, a bad parameter, unavailable weights) then shows as
+Each numbered notebook's set-up cell is `nb = open_notebook(...)`: its parameters, data and
+results writer, and `short_errors()`. A `UserError` raised in a later cell (a missing dataset, a bad parameter, unavailable weights) then shows as
 `fedtsp: error: <sentence>`, the cell still fails (so papermill and the batch runner see
 the failure), and FEDTSP_DEBUG=1 brings the full traceback back.
 """
