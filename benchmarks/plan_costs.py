@@ -5,7 +5,7 @@
 Plans each profile against an empty results folder (nothing runs) and writes
 ``benchmarks/results/plan_costs.{json,md}``: the runs, the estimated wall time of running
 them all at the profile's workers, per notebook, and how much of it rests on measured twins
-(committed runs of the same config, another seed) rather than the calibration's lower
+(committed runs of the same config at another seed or schedule) rather than the calibration's lower
 bound. Where the profile's device is absent here, the images per architecture stand in.
 """
 
@@ -20,7 +20,8 @@ from typing import Any
 from facts import write_result
 
 from fedtsp.core.paths import REPO_ROOT
-from fedtsp.paper.plan import make_plan, measured_walls
+from fedtsp.core.results import RunStore
+from fedtsp.paper.plan import make_plan
 from fedtsp.paper.profiles import load_profile
 from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks
 
@@ -41,11 +42,19 @@ def plan_cost(profile_name: str) -> dict[str, Any]:
         per_notebook[r.notebook] += (r.seconds or 0.0) / divisor
         for arch, (train, infer) in r.images.items():
             images[arch] += train + infer
-    committed = measured_walls([REPO_ROOT / "results" / profile_name / "runs"])
+    committed_store = REPO_ROOT / "results" / profile_name / "runs"
+    walls = (
+        [
+            float((r.get("timings") or {}).get("wall") or 0.0)
+            for r in RunStore(committed_store).records()
+        ]
+        if committed_store.is_dir()
+        else []
+    )
     return {
         "profile": profile_name,
-        "committed_records": sum(len(w) for w in committed.values()),
-        "committed_run_seconds": sum(sum(w) for w in committed.values()),
+        "committed_records": len(walls),
+        "committed_run_seconds": sum(walls),
         "device": device,
         "workers": profile.workers,
         "seeds": profile.seeds,
@@ -87,8 +96,9 @@ def table(plans: list[dict[str, Any]]) -> str:
     lines += [
         "",
         "`fedtsp reproduce --profile P --plan --results <empty folder>`: every run the "
-        "notebooks need, estimated by the median wall time of its committed twins (the same "
-        "config, any seed) or else by the calibrated client-model work, a lower bound. A run "
+        "notebooks need, estimated from the rounds of its committed twins (the same config at "
+        "any seed and schedule: median seconds per epoch and per round, times its schedule) "
+        "or else by the calibrated client-model work, a lower bound. A run "
         "two notebooks share counts for the first. Notebook-only work (a few minutes) is "
         "not included.",
     ]

@@ -41,24 +41,42 @@ def test_new_runs_are_estimated_from_their_images_and_the_calibration(smoke, tmp
     assert all(t > 0 and e > 0 for t, e in speeds.values())
 
 
-def test_a_run_with_a_measured_twin_is_estimated_by_its_wall_time(smoke, tmp_path, capsys):
+def _timed_record(key: str, config, train: float, wall: float, slow_round: float = 0.0) -> dict:
+    """A stored record whose every round trains `train` s in a round of `wall` s, except
+    one round slowed by `slow_round` s (another job on the machine)."""
+    history = [{"round": 0, "acc": 0.1}]
+    for r in range(1, config.rounds + 1):
+        extra = slow_round if r == 1 else 0.0
+        history.append(
+            {"round": r, "acc": 0.1, "wall": wall + extra, "timings": {"train": train + extra}}
+        )
+    return {"key": key, "config": config.to_dict(), "history": history}
+
+
+def test_a_run_with_a_measured_twin_is_estimated_from_its_rounds(smoke, tmp_path, capsys):
     profile, notebooks = smoke
     runs, _ = plan.make_plan(profile, notebooks, tmp_path, workers=1, measured_from=[])
     target = runs[0].config
-    other_seed = target.replace(seed=target.seed + 7, partition_seed=target.partition_seed + 7)
+    # Twins: another seed and partition (5 rounds, one slowed by another job), and another
+    # schedule (3 rounds x 2 epochs): their rounds give 2 s of training per epoch and 1 s
+    # for the rest of a round.
+    twin = target.replace(seed=target.seed + 7, partition_seed=target.partition_seed + 7, rounds=5)
+    longer = twin.replace(rounds=3, local_epochs=2, global_eval_every=3)
+    other = target.replace(lr=target.lr * 2)  # another config: must not count
     store = RunStore(tmp_path / "measured")
-    for i, (config, wall) in enumerate([(other_seed, 30.0), (other_seed, 50.0), (target, 90.0)]):
-        # Two twins (medians: 40 s); the third record is another run's and must not count.
-        changed = config if i < 2 else config.replace(rounds=config.rounds + 1)
-        record = {"key": f"k{i}", "config": changed.to_dict(), "timings": {"wall": wall}}
-        store.save(record)
+    store.save(_timed_record("k0", twin, train=2.0 * twin.local_epochs,
+                             wall=2.0 * twin.local_epochs + 1.0, slow_round=500.0))  # fmt: skip
+    store.save(_timed_record("k1", longer, train=4.0, wall=5.0))
+    store.save(_timed_record("k2", other, train=40.0, wall=90.0))
     runs, _ = plan.make_plan(
-        profile, notebooks, tmp_path, workers=2, measured_from=[store.root, tmp_path / "absent"]
+        profile, notebooks, tmp_path, workers=1, measured_from=[store.root, tmp_path / "absent"]
     )
     twins = [r for r in runs if r.source == "twin"]
-    assert runs[0] in twins and all(r.seconds == pytest.approx(40.0) for r in twins)
+    expected = target.rounds * (target.local_epochs * 2.0 + 1.0)
+    assert runs[0] in twins and all(r.seconds == pytest.approx(expected) for r in twins)
     assert any(r.source == "calibration" for r in runs)
-    assert sorted(len(v) for v in plan.measured_walls([store.root]).values()) == [1, 2]
+    assert sorted(len(v) for v in plan.measured_costs([store.root]).values()) == [1, 2]
+    assert plan.round_cost({"config": target.to_dict(), "history": [{"round": 0}]}) is None
 
 
 def test_stored_runs_are_listed_and_not_estimated(smoke, tmp_path, monkeypatch, capsys):
@@ -75,7 +93,7 @@ def test_stored_runs_are_listed_and_not_estimated(smoke, tmp_path, monkeypatch, 
     assert f"{len(runs)} runs: 1 in the store, {len(runs) - 1} to run" in out
     assert f"{first[:10]}  stored" in out
     assert "Estimated wall time of the new runs:" in out
-    assert f"0 of {len(runs) - 1} estimated from the measured wall time" in out
+    assert f"0 of {len(runs) - 1} estimated from the measured rounds" in out
     assert " >=" in out  # a calibrated estimate is marked as a lower bound
 
 

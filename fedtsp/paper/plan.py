@@ -2,9 +2,13 @@
 
 Lists every run the selected notebooks need, stored or new, and estimates the new runs'
 wall time on this machine. A new run whose twin was measured, a stored run of the same
-config but for its seed and partition seed (in the store planned for, or in the
-repository's committed store of the profile), is estimated by the twins' median wall time:
-it includes everything the run does. Any other run is estimated from a short calibration:
+config but for its seed, partition seed and schedule (rounds, local epochs, evaluation
+interval), in the store planned for or in any of the repository's committed stores, is
+estimated from the twins' rounds: ``rounds x (local_epochs x training s per epoch + the
+rest of a round)``, each part the median over the twin's rounds, so that a round slowed by
+another job on the machine, or a run resumed midway, does not skew it, and a schedule
+never run before is priced from one that was. Any other run is estimated from a short
+calibration:
 a few training steps and one inference batch of each architecture the new runs use, on the
 profile's device, at the thread count the runs get (one per worker on CPU); its estimate is
 its client-model work, ``rounds x local_epochs x train images / training speed +
@@ -49,35 +53,70 @@ class PlannedRun:
     # Images through each architecture: (training, inference), over the whole run.
     images: dict[str, tuple[int, int]] = field(default_factory=dict)
     seconds: float | None = None
-    # "twin": the median wall time of stored runs that differ only in the seed; "calibration":
+    # "twin": from the rounds of stored runs that differ only in seed and schedule; "calibration":
     # the client-model work at the calibrated speeds (a lower bound).
     source: str | None = None
 
 
+# Fields a run's cost per round does not depend on.
+SCHEDULE = ("rounds", "local_epochs", "global_eval_every")
+
+
 def twin_signature(config: RunConfig | dict) -> str:
-    """What a run's cost depends on: its config without the seed and the partition seed."""
+    """What a run's cost per round depends on: its config without the seed, the partition
+    seed and the schedule."""
     values = config.to_dict() if isinstance(config, RunConfig) else config
     values = RunConfig.from_dict(values).to_dict()  # older records: today's defaults filled in
-    return stable_hash({k: v for k, v in values.items() if k not in ("seed", "partition_seed")})
+    drop = ("seed", "partition_seed", *SCHEDULE)
+    return stable_hash({k: v for k, v in values.items() if k not in drop})
 
 
-def measured_walls(stores: list[Path]) -> dict[str, list[float]]:
-    """Wall seconds of the stored runs, grouped by `twin_signature` (unreadable ones skipped)."""
-    walls: dict[str, list[float]] = defaultdict(list)
+@dataclass(frozen=True)
+class RoundCost:
+    """A measured run's cost per round: training seconds per local epoch, and the rest of
+    a round (evaluation, server step, messages, checkpoint)."""
+
+    train_per_epoch: float
+    rest: float
+
+    def seconds(self, config: RunConfig) -> float:
+        return config.rounds * (config.local_epochs * self.train_per_epoch + self.rest)
+
+
+def round_cost(record: dict) -> RoundCost | None:
+    """The record's `RoundCost` from the medians over its rounds (None without timings)."""
+    rounds = [h for h in record.get("history", []) if h.get("round", 0) >= 1 and "wall" in h]
+    if not rounds or any("timings" not in h for h in rounds):
+        return None
+    train = float(np.median([h["timings"]["train"] for h in rounds]))
+    wall = float(np.median([h["wall"] for h in rounds]))
+    return RoundCost(train / record["config"]["local_epochs"], max(wall - train, 0.0))
+
+
+def measured_costs(stores: list[Path]) -> dict[str, list[RoundCost]]:
+    """`RoundCost`s of the stored runs, grouped by `twin_signature` (unreadable ones
+    skipped; a key stored twice counts once)."""
+    costs: dict[str, list[RoundCost]] = defaultdict(list)
     seen: set[str] = set()
     for root in stores:
         if not root.is_dir():
             continue
         for record in RunStore(root).records():
-            wall = (record.get("timings") or {}).get("wall")
-            if record.get("key") in seen or not wall:
+            if record.get("key") in seen:
                 continue
-            seen.add(record["key"])
+            seen.add(record.get("key"))
             try:
-                walls[twin_signature(record["config"])].append(float(wall))
+                cost = round_cost(record)
+                if cost is not None:
+                    costs[twin_signature(record["config"])].append(cost)
             except (ConfigError, TypeError, KeyError):
                 continue  # a record from a config version this code cannot read
-    return walls
+    return costs
+
+
+def committed_stores() -> list[Path]:
+    """Every run store committed in the repository (one per profile, and the pilot's)."""
+    return sorted((REPO_ROOT / "results").glob("*/runs"))
 
 
 def run_images(config: RunConfig, source: DataSource) -> dict[str, tuple[int, int]]:
@@ -151,14 +190,14 @@ def make_plan(
 ) -> tuple[list[PlannedRun], dict[str, tuple[float, float]]]:
     """Every run of the notebooks (first mention of a key wins) and the calibration used.
 
-    `measured_from`: stores whose records' wall times estimate their twins (default: the
-    planned store and the repository's committed store of the profile).
+    `measured_from`: stores whose records' rounds estimate their twins (default: the
+    planned store and the repository's committed stores).
     """
     source = DataSource(profile.data, profile.synthetic_per_class)
     store = RunStore(results_root / profile.name / "runs")
     if measured_from is None:
-        measured_from = [store.root, REPO_ROOT / "results" / profile.name / "runs"]
-    walls = measured_walls(measured_from)
+        measured_from = [store.root, *committed_stores()]
+    costs = measured_costs(measured_from)
     runs: dict[str, PlannedRun] = {}
     for nb in notebooks:
         params = notebook_parameters(profile, nb.stem, results_root)
@@ -170,9 +209,10 @@ def make_plan(
                 runs[key] = PlannedRun(nb.stem, spec.config, key, stored)
     new = [r for r in runs.values() if not r.stored]
     for run in new:
-        twins = walls.get(twin_signature(run.config))
+        twins = costs.get(twin_signature(run.config))
         if twins:
-            run.seconds, run.source = float(np.median(twins)), "twin"
+            run.seconds = float(np.median([c.seconds(run.config) for c in twins]))
+            run.source = "twin"
     uncalibrated = [r for r in new if r.source is None]
     for run in uncalibrated:
         run.images = run_images(run.config, source)
@@ -228,8 +268,8 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
         print(
             f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit}"
             f"{f' at {workers} workers' if divisor > 1 else ''}); {twins} of {len(new)} "
-            "estimated from the measured wall time of stored twins (runs of the same config, "
-            f"any seed){calibrated}."
+            "estimated from the measured rounds of stored twins (runs of the same config at "
+            f"any seed and schedule){calibrated}."
         )
         per_notebook: Counter[str] = Counter()
         for r in new:
