@@ -5,7 +5,7 @@
 Plans each profile against an empty results folder (nothing runs) and writes
 ``benchmarks/results/plan_costs.{json,md}``: the runs, the estimated wall time of running
 them all at the profile's workers, per notebook, and how much of it rests on measured twins
-(committed runs of the same config at another seed or schedule) rather than the calibration's lower
+(committed runs of the same config at another seed, alpha or schedule) rather than the calibration's lower
 bound. Where the profile's device is absent here, the images per architecture stand in.
 """
 
@@ -97,7 +97,7 @@ def table(plans: list[dict[str, Any]]) -> str:
         "",
         "`fedtsp reproduce --profile P --plan --results <empty folder>`: every run the "
         "notebooks need, estimated from the rounds of its committed twins (the same config at "
-        "any seed and schedule: median seconds per epoch and per round, times its schedule) "
+        "any seed, alpha and schedule: median seconds per epoch and per round, times its schedule) "
         "or else by the calibrated client-model work, a lower bound. A run "
         "two notebooks share counts for the first. Notebook-only work (a few minutes) is "
         "not included.",

@@ -19,7 +19,7 @@ from fedtsp.paper.tables import best_mask, mean_std, reading, to_latex, to_markd
 
 
 def test_profiles_load_and_cover_every_notebook():
-    assert profile_names() == ["smoke", "cpu", "paper"]
+    assert profile_names() == ["smoke", "cpu", "evidence", "paper"]
     notebooks = None
     for name in profile_names():
         prof = load_profile(name)
@@ -31,7 +31,7 @@ def test_profiles_load_and_cover_every_notebook():
 
 
 def test_unknown_profile_and_notebook_are_clear_errors():
-    with pytest.raises(ConfigError, match="unknown profile 'gpu'; choose one of smoke, cpu, paper"):
+    with pytest.raises(ConfigError, match="unknown profile 'gpu'; choose one of smoke, cpu, evidence, paper"):
         load_profile("gpu")
     with pytest.raises(ConfigError, match="no parameters for notebook '99_x'"):
         notebook_parameters("smoke", "99_x")

@@ -92,8 +92,8 @@ def test_every_notebook_has_a_parameters_cell_and_no_outputs():
         setup = code[code.index(tagged[0]) + 1].source
         assert f'nb = open_notebook("{path.stem}", profile, results_root, overrides)' in setup
         used = {m for c in code for m in re.findall(r"\bnb\.(\w+)", re.sub("#.*", "", c.source))}
-        used -= {"source", "writer", "params", "name"}
-        for profile in ("smoke", "cpu", "paper"):
+        used -= {"source", "writer", "params", "name", "plan"}
+        for profile in ("smoke", "cpu", "evidence", "paper"):
             missing = used - set(notebook_parameters(profile, path.stem))
             assert not missing, (path.name, profile, missing)
 

@@ -19,7 +19,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from fedtsp.algorithms import resolve_options
-from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.config import ConfigError, RunConfig, stable_hash
 from fedtsp.core.environment import data_path
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore, converged
@@ -166,6 +166,13 @@ def method_config(
         merged.get("partition_seed", 1), merged.get("seed", 0)
     )
     return check_run(RunConfig.from_dict(merged), here=False)  # device: checked at the start
+
+
+def seed_group(config: RunConfig) -> str:
+    """The run's group: its config without the seed and the partition seed (the runs a
+    table cell averages over, and an analysis plan gives seeds to)."""
+    values = config.to_dict()
+    return stable_hash({k: v for k, v in values.items() if k not in ("seed", "partition_seed")})
 
 
 def partition_seed_of(value: int | str, seed: int) -> int:

@@ -62,10 +62,15 @@ def short_errors() -> bool:
 class Notebook:
     """What a numbered notebook's set-up cell gives its other cells: each value of its
     profile as an attribute (`nb.seeds`, `nb.methods`, ...; `fedtsp.paper.profiles`), the
-    data (`nb.source`) and the writer of its tables and figures (`nb.writer`)."""
+    data (`nb.source`), the writer of its tables and figures (`nb.writer`) and the profile's
+    analysis plan (`nb.plan`: None where it has none, and the claims then compare with the
+    strongest rival)."""
 
-    def __init__(self, name: str, params: dict[str, Any], source: Any, writer: Any) -> None:
+    def __init__(
+        self, name: str, params: dict[str, Any], source: Any, writer: Any, plan: Any = None
+    ) -> None:
         self.name, self.params, self.source, self.writer = name, params, source, writer
+        self.plan = plan
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -84,6 +89,7 @@ def open_notebook(
     writer; user errors as one line from here on. Prints the profile and where the data and
     runs come from."""
     # Imported here: the command line imports this module for `find_notebooks` alone.
+    from fedtsp.paper.claims.analysis_plan import load_plan
     from fedtsp.paper.experiments import DataSource
     from fedtsp.paper.outputs import ResultsWriter
     from fedtsp.paper.profiles import notebook_parameters
@@ -96,4 +102,4 @@ def open_notebook(
     short_errors()
     print(f"profile {profile}: {params['about'] or '(custom parameters)'}")
     print(f"data: {source.data or 'cache / torchvision download'}; run store: {params['store']}")
-    return Notebook(name, params, source, writer)
+    return Notebook(name, params, source, writer, load_plan(profile))

@@ -12,7 +12,7 @@ from typing import Any
 
 from fedtsp.algorithms.fedtsp import PROMPT_VARIANTS
 from fedtsp.data.populations import POPULATIONS
-from fedtsp.paper.experiments import DataSource, RunSpec, method_config
+from fedtsp.paper.experiments import DataSource, RunSpec, method_config, seed_group
 from fedtsp.paper.fmcl.benchmark import benchmark_specs
 from fedtsp.text.descriptions import DESCRIPTION_SETS_DIR
 
@@ -260,5 +260,18 @@ PLANS: dict[str, Callable[[dict[str, Any], DataSource], list[RunSpec]]] = {
 
 
 def notebook_plan(notebook: str, params: dict[str, Any], source: DataSource) -> list[RunSpec]:
-    """The runs notebook `notebook` needs with parameters `params` (empty if it needs none)."""
-    return PLANS.get(notebook, no_runs)(params, source)
+    """The runs notebook `notebook` needs with parameters `params` (empty if it needs none).
+
+    Under an analysis plan (`params["plan_seeds"]`, group -> n) each group of runs keeps
+    the first n of the profile's seeds; a group the plan gives no seeds is not run.
+    """
+    specs = PLANS.get(notebook, no_runs)(params, source)
+    planned = params.get("plan_seeds")
+    if planned is None:
+        return specs
+    rank = {seed: i for i, seed in enumerate(params["seeds"])}
+    return [
+        s
+        for s in specs
+        if rank.get(s.config.seed, len(rank)) < planned.get(seed_group(s.config), 0)
+    ]

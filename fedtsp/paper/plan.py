@@ -2,8 +2,8 @@
 
 Lists every run the selected notebooks need, stored or new, and estimates the new runs'
 wall time on this machine. A new run whose twin was measured, a stored run of the same
-config but for its seed, partition seed and schedule (rounds, local epochs, evaluation
-interval), in the store planned for or in any of the repository's committed stores, is
+config but for its seed, partition seed, Dirichlet alpha and schedule (rounds, local
+epochs, evaluation interval), in the store planned for or in any of the repository's committed stores, is
 estimated from the twins' rounds: ``rounds x (local_epochs x training s per epoch + the
 rest of a round)``, each part the median over the twin's rounds, so that a round slowed by
 another job on the machine, or a run resumed midway, does not skew it, and a schedule
@@ -64,10 +64,10 @@ SCHEDULE = ("rounds", "local_epochs", "global_eval_every")
 
 def twin_signature(config: RunConfig | dict) -> str:
     """What a run's cost per round depends on: its config without the seed, the partition
-    seed and the schedule."""
+    seed, alpha (the same images, spread otherwise over the clients) and the schedule."""
     values = config.to_dict() if isinstance(config, RunConfig) else config
     values = RunConfig.from_dict(values).to_dict()  # older records: today's defaults filled in
-    drop = ("seed", "partition_seed", *SCHEDULE)
+    drop = ("seed", "partition_seed", "alpha", *SCHEDULE)
     return stable_hash({k: v for k, v in values.items() if k not in drop})
 
 
@@ -269,7 +269,7 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
             f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit}"
             f"{f' at {workers} workers' if divisor > 1 else ''}); {twins} of {len(new)} "
             "estimated from the measured rounds of stored twins (runs of the same config at "
-            f"any seed and schedule){calibrated}."
+            f"any seed, alpha and schedule){calibrated}."
         )
         per_notebook: Counter[str] = Counter()
         for r in new:

@@ -9,6 +9,7 @@ batch runner's plan does, so every value is written once, here.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -41,8 +42,41 @@ class Profile:
 
 
 def _read(path: Path = PROFILES_FILE) -> dict[str, Any]:
+    """The file's tables, a profile with `inherits = "P"` merged onto profile P's."""
     with open(path, "rb") as fh:
-        return tomllib.load(fh)
+        raw = tomllib.load(fh)
+    for name, section in raw.items():
+        parent = section.get("inherits") if name != "methods" else None
+        if parent is not None:
+            if parent not in raw or "inherits" in raw[parent]:
+                raise ConfigError(f"profile {name!r} inherits {parent!r}: no such base profile")
+            raw[name] = _merged(raw[parent], {k: v for k, v in section.items() if k != "inherits"})
+    return raw
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `override`'s values on top, tables merged key by key."""
+    out = dict(base)
+    for key, value in override.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if both else value
+    return out
+
+
+def planned_seeds(profile: Profile) -> dict[str, int] | None:
+    """Seeds per run group (`experiments.seed_group`) of the profile's analysis plan, or
+    None for a profile without one."""
+    name = profile.extra.get("analysis_plan")
+    if name is None:
+        return None
+    path = PROFILES_FILE.parent / "claims" / str(name)
+    if not path.is_file():
+        raise ConfigError(
+            f"profile {profile.name!r} reads its seeds from the analysis plan {path.name}, "
+            "which is missing; write it with: python -m fedtsp.paper.claims.analysis_plan"
+        )
+    plan = json.loads(path.read_text())
+    return {group["id"]: int(group["seeds"]) for group in plan["groups"]}
 
 
 def method_specs(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:
@@ -133,6 +167,9 @@ def notebook_parameters(
         "base": dict(prof.base),  # replaced by the notebook's merged base where it has one
         "method_options": dict(prof.extra.get("method_options", {})),
         "planned_skips": dict(prof.planned_skips),
+        # Seeds per run group where the profile has an analysis plan: a group runs the
+        # first n of `seeds` (notebook_runs.notebook_plan), none if the plan gives it none.
+        "plan_seeds": planned_seeds(prof),
         "store": _path(Path(results_root).resolve() / prof.name / "runs", relative_to),
         "results_dir": _path(Path(results_root).resolve() / prof.name, relative_to),
         **prof.notebooks[notebook],

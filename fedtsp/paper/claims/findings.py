@@ -4,13 +4,18 @@ One function per notebook (`semantics` for 02, `main_table` for 03, ...) takes t
 the notebook has built and returns one `Finding` per tested part of its claims, judged
 together (`judge`: Holm within each claim). Frames from `runs_table` carry each run's label
 prior and plateau, which set the parts' floors (`context`).
+
+Without an analysis plan a part compares FedTSP with the strongest of its rivals on the
+same seeds. Under a profile's plan (`plan`, `analysis_plan.AnalysisPlan`) each part
+compares with the comparator the plan fixed in advance, and only the planned parts are
+judged (Holm over them); a part the budget could not power says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -24,6 +29,9 @@ from fedtsp.paper.claims.rule import (
     strongest,
 )
 from fedtsp.paper.floors import CEILING
+
+if TYPE_CHECKING:
+    from fedtsp.paper.claims.analysis_plan import AnalysisPlan
 
 PROTOTYPE_BASELINES = ("FedProto", "FedTGP", "AlignFed")
 CLUSTERING_BASELINES = ("ifca", "cfl", "pacfl")
@@ -70,28 +78,51 @@ def _versus_strongest(
     ours: str,
     rivals: Iterable[str],
     column: str = "method",
+    plan: AnalysisPlan | None = None,
     **options: Any,
-) -> Finding:
+) -> list[Finding]:
+    """`ours` minus the strongest of `rivals` on `frame`'s seeds, or, under `plan`, minus
+    each comparator the plan fixed for this part (none if the plan has no such part)."""
     rivals = [r for r in rivals if r != ours]
-    rival = strongest(frame, value, column, rivals, options.get("lower_is_better", False))
-    if rival is None:
-        return Finding(claim, scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
-    if "chance" not in options:  # a balanced test set's floor is chance, given by the caller
-        options = context(frame, value, **{column: [ours, rival]}) | options
-    return compare(
-        claim,
-        scope,
-        f"{ours} - {rival} (strongest of {len(rivals)})"
-        if len(rivals) > 1
-        else f"{ours} - {rival}",
-        by_seed(frame, value, **{column: ours}),
-        by_seed(frame, value, **{column: rival}),
-        **options,
-    )
+    if plan is not None:
+        chosen, fixed = plan.rivals(claim, scope), True
+    else:
+        best = strongest(frame, value, column, rivals, options.get("lower_is_better", False))
+        chosen, fixed = ([best] if best is not None else []), False
+    if not chosen and not fixed:
+        return [Finding(claim, scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")]
+    out = []
+    for rival in chosen:
+        found = options
+        if "chance" not in options:  # a balanced test set's floor is chance, given by the caller
+            found = context(frame, value, **{column: [ours, rival]}) | options
+        name = (
+            f"{ours} - {rival} (strongest of {len(rivals)})"
+            if len(rivals) > 1 and not fixed
+            else f"{ours} - {rival}"
+        )
+        out.append(
+            compare(
+                claim,
+                scope,
+                name,
+                by_seed(frame, value, **{column: ours}),
+                by_seed(frame, value, **{column: rival}),
+                **found,
+            )
+        )
+    return out
+
+
+def _judged(findings: Sequence[Finding], plan: AnalysisPlan | None) -> list[Finding]:
+    """`judge`, over the planned parts only where there is a plan."""
+    return judge(findings if plan is None else plan.restrict(findings))
 
 
 def semantics(
-    sem: pd.DataFrame, untrained: Mapping[tuple[str, str], Mapping[str, float]] | None = None
+    sem: pd.DataFrame,
+    untrained: Mapping[tuple[str, str], Mapping[str, float]] | None = None,
+    plan: AnalysisPlan | None = None,
 ) -> list[Finding]:
     """Fig. 1 (e, f): rho and gap per method, dataset and seed.
 
@@ -104,7 +135,9 @@ def semantics(
         for ds, part in sem.groupby("dataset", sort=False):
             for ours in fedtsp_labels(part["method"]):
                 others = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
-                out.append(_versus_strongest(claim, str(ds), part, metric, ours, others, unit=""))
+                out += _versus_strongest(
+                    claim, str(ds), part, metric, ours, others, plan=plan, unit=""
+                )
                 if untrained and (ds, ours) in untrained:
                     mine = by_seed(part, metric, method=ours)
                     before = {s: float(untrained[(ds, ours)][metric]) for s in mine}
@@ -118,7 +151,7 @@ def semantics(
                             unit="",
                         )
                     )
-    return judge(out)
+    return _judged(out, plan)
 
 
 def main_table(
@@ -126,6 +159,7 @@ def main_table(
     hetero: pd.DataFrame,
     curves: pd.DataFrame,
     chance: Mapping[str, float],
+    plan: AnalysisPlan | None = None,
 ) -> list[Finding]:
     """Table 1 (F3-F5), Appendix D (F6), Fig. 3 (F7), Fig. 4 (F8) and Fig. 6 (F9).
 
@@ -142,31 +176,34 @@ def main_table(
         scope = f"{ds}, Dir({alpha:g})"
         for ours in ours_all:
             for claim, rivals in (("F3", PROTOTYPE_BASELINES), ("F4", others)):
-                out.append(_versus_strongest(claim, scope, part, "best_acc", ours, rivals))
-            out.append(
-                _versus_strongest(
-                    "F7",
-                    scope,
-                    part,
-                    "global_acc",
-                    ours,
-                    PROTOTYPE_BASELINES,
-                    chance=chance[ds],
-                    **_plateau(part, [ours, *PROTOTYPE_BASELINES]),
-                )
+                out += _versus_strongest(claim, scope, part, "best_acc", ours, rivals, plan=plan)
+            out += _versus_strongest(
+                "F7",
+                scope,
+                part,
+                "global_acc",
+                ours,
+                PROTOTYPE_BASELINES,
+                plan=plan,
+                chance=chance[ds],
+                **_plateau(part, [ours, *PROTOTYPE_BASELINES]),
             )
-            out.append(_versus_strongest("F8", scope, part, "best_top5", ours, others))
-            out.append(_convergence(scope, curves, ds, alpha, ours, part))
+            out += _versus_strongest("F8", scope, part, "best_top5", ours, others, plan=plan)
+            out += _convergence(scope, curves, ds, alpha, ours, part, plan)
     for ds in dict.fromkeys(ds for ds, _ in columns):
         alphas = sorted(a for d, a in columns if d == ds)
         for ours in ours_all:
-            out.append(_heterogeneity_gain(main[main["dataset"] == ds], str(ds), alphas, ours))
+            out.append(
+                _heterogeneity_gain(main[main["dataset"] == ds], str(ds), alphas, ours, plan)
+            )
     for family, part in hetero.groupby("family", sort=False):
         rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
         ds = str(part["dataset"].iloc[0])
         for ours in fedtsp_labels(part["method"]):
-            out.append(_versus_strongest("F6", f"{family}, {ds}", part, "best_acc", ours, rivals))
-    return judge(out)
+            out += _versus_strongest(
+                "F6", f"{family}, {ds}", part, "best_acc", ours, rivals, plan=plan
+            )
+    return _judged(out, plan)
 
 
 def _plateau(
@@ -177,7 +214,14 @@ def _plateau(
     return {k: found[k] for k in ("converged", "rounds") if k in found}
 
 
-def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours: str) -> Finding:
+def heterogeneity_comparison(ours: str, low: float, high: float) -> str:
+    """F5's comparison at the smallest and the largest alpha."""
+    return f"gain of {ours} over the prototype baseline, Dir({low:g}) minus Dir({high:g})"
+
+
+def _heterogeneity_gain(
+    frame: pd.DataFrame, ds: str, alphas: list[float], ours: str, plan: AnalysisPlan | None
+) -> Finding:
     if len(alphas) < 2:
         return Finding(
             "F5",
@@ -190,7 +234,10 @@ def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours:
 
     def gain(alpha: float) -> dict[int, float]:
         part = frame[frame["alpha"] == alpha]
-        rival = strongest(part, "best_acc", "method", PROTOTYPE_BASELINES)
+        if plan is None:
+            rival = strongest(part, "best_acc", "method", PROTOTYPE_BASELINES)
+        else:  # F3's comparator in that column
+            rival = next(iter(plan.rivals("F3", f"{ds}, Dir({alpha:g})")), None)
         mine = by_seed(part, "best_acc", method=ours)
         theirs = by_seed(part, "best_acc", method=rival)
         return {s: mine[s] - theirs[s] for s in mine.keys() & theirs.keys()}
@@ -199,20 +246,37 @@ def _heterogeneity_gain(frame: pd.DataFrame, ds: str, alphas: list[float], ours:
     return compare(
         "F5",
         ds,
-        f"gain of {ours} over the strongest prototype baseline, Dir({low:g}) minus Dir({high:g})",
+        heterogeneity_comparison(ours, low, high),
         gain(low),
         gain(high),
     )
 
 
+def convergence_comparison(rival: str, ours: str) -> str:
+    """F9's comparison (the target accuracy is data, so it stays out of the name)."""
+    return f"rounds to 95 % of {rival}'s best: {rival} minus {ours}"
+
+
 def _convergence(
-    scope: str, curves: pd.DataFrame, ds: str, alpha: float, ours: str, main: pd.DataFrame
-) -> Finding:
+    scope: str,
+    curves: pd.DataFrame,
+    ds: str,
+    alpha: float,
+    ours: str,
+    main: pd.DataFrame,
+    plan: AnalysisPlan | None = None,
+) -> list[Finding]:
     part = curves[(curves["dataset"] == ds) & (curves["alpha"] == alpha)]
     best = part.groupby(["method", "seed"])["acc"].max().reset_index()
-    rival = strongest(best, "acc", "method", PROTOTYPE_BASELINES)
-    if rival is None:
-        return Finding("F9", scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")
+    if plan is not None:
+        fixed = plan.rivals("F9", scope)
+        if not fixed:
+            return []
+        rival: str | None = fixed[0]
+    else:
+        rival = strongest(best, "acc", "method", PROTOTYPE_BASELINES)
+    if rival is None or rival not in set(best["method"]):
+        return [Finding("F9", scope, f"{ours} vs -", _EMPTY, NOT_TESTABLE, "no compared runs")]
     target = 0.95 * best[best["method"] == rival]["acc"].mean()
     runs = main[(main["dataset"] == ds) & (main["alpha"] == alpha)]
     plateau = _plateau(runs, [ours, rival])
@@ -225,16 +289,18 @@ def _convergence(
             out[int(seed)] = float(reached.min()) if len(reached) else float(last + 1)
         return out
 
-    return compare(
-        "F9",
-        scope,
-        f"rounds to {target:.1f} %: {rival} minus {ours}",
-        rounds(ours),
-        rounds(rival),
-        lower_is_better=True,
-        unit="rounds",
-        **plateau,
-    )
+    return [
+        compare(
+            "F9",
+            scope,
+            convergence_comparison(rival, ours),
+            rounds(ours),
+            rounds(rival),
+            lower_is_better=True,
+            unit="rounds",
+            **plateau,
+        )
+    ]
 
 
 def control_part(encoder: str, dataset: str, control: str) -> tuple[str, str]:
@@ -247,6 +313,7 @@ def ablations(
     controls: pd.DataFrame,
     richness: pd.DataFrame,
     rows: Sequence[str],
+    plan: AnalysisPlan | None = None,
 ) -> list[Finding]:
     """Table 2 (F10), the semantic controls (F11) and Fig. 5 left (F12).
 
@@ -293,10 +360,10 @@ def ablations(
                     **context(part, "best_acc", prompts=[upper, lower]),
                 )
             )
-    return judge(out)
+    return _judged(out, plan)
 
 
-def writers(runs: pd.DataFrame) -> list[Finding]:
+def writers(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
     """Fig. 5 right (F13): `runs` with columns description_set, writer, dataset, seed, best_acc.
 
     The reference is the long set; a part is every set by another writer (the template,
@@ -332,10 +399,10 @@ def writers(runs: pd.DataFrame) -> list[Finding]:
                     **context(pd.concat([other, ref]), "best_acc"),
                 )
             )
-    return judge(out)
+    return _judged(out, plan)
 
 
-def privacy(runs: pd.DataFrame) -> list[Finding]:
+def privacy(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
     """Table 4 (F14): `runs` with columns epsilon ("no DP" or the value), dataset, seed."""
     out = []
     for ds, part in runs.groupby("dataset", sort=False):
@@ -352,10 +419,12 @@ def privacy(runs: pd.DataFrame) -> list[Finding]:
                     **context(part, "best_acc", epsilon=[eps, "no DP"]),
                 )
             )
-    return judge(out)
+    return _judged(out, plan)
 
 
-def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding]:
+def homogeneous(
+    runs: pd.DataFrame, chance: Mapping[str, float], plan: AnalysisPlan | None = None
+) -> list[Finding]:
     """Table 3 (F15 GFL, F16 PFL): `runs` with columns block, method, dataset, seed,
     setting_acc."""
     out = []
@@ -368,15 +437,13 @@ def homogeneous(runs: pd.DataFrame, chance: Mapping[str, float]) -> list[Finding
                 floors = {"chance": chance[ds], **plateau}
             else:  # personalised models on their clients' splits: the label prior
                 floors = context(part, "best_acc", method=ours)
-            out.append(
-                _versus_strongest(
-                    claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, **floors
-                )
+            out += _versus_strongest(
+                claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, plan=plan, **floors
             )
-    return judge(out)
+    return _judged(out, plan)
 
 
-def fmcl(bench: pd.DataFrame) -> list[Finding]:
+def fmcl(bench: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
     """The FMCL benchmark (M1-M3): `bench` rows of `fmcl.benchmark_row` (accuracy in [0, 1]).
 
     Each finding names the baselines that found FMCL's very clusters on every seed, where
@@ -389,11 +456,14 @@ def fmcl(bench: pd.DataFrame) -> list[Finding]:
         note = f"same clusters as FMCL on every seed: {', '.join(same)}" if same else ""
         for claim, value, unit in (("M1", "accuracy", "points"), ("M2", "ari", "")):
             found = _versus_strongest(
-                claim, str(population), part, value, "fmcl", CLUSTERING_BASELINES, unit=unit
-            )
-            out.append(_with_note(found, note))
-        out.append(_versus_strongest("M3", str(population), part, "accuracy", "fmcl", ["fedavg"]))
-    return judge(out)
+                claim, str(population), part, value, "fmcl", CLUSTERING_BASELINES,
+                plan=plan, unit=unit,
+            )  # fmt: skip
+            out += [_with_note(f, note) for f in found]
+        out += _versus_strongest(
+            "M3", str(population), part, "accuracy", "fmcl", ["fedavg"], plan=plan
+        )
+    return _judged(out, plan)
 
 
 def _same_clusters(part: pd.DataFrame, ours: str, others: Iterable[str]) -> list[str]:

@@ -52,7 +52,10 @@ class PlannedPart:
     seeds: int | None  # seeds for POWER (None: more than MOST_SEEDS)
     groups: tuple[str, ...]
     priority: int  # lower first
-    status: str = ""  # "planned" or "not testable at this budget"
+    status: str = ""  # "planned", "not testable at this budget", or why not testable here
+    comparator: str = ""  # the other side, fixed in advance ("" where it is not a method)
+    unit: str = "points"
+    note: str = ""  # where the comparator and the sd come from
 
 
 def allocate(

@@ -1,0 +1,149 @@
+"""The pre-registered analysis plan: seeds from power, a budget, comparators fixed in
+advance, and outputs held to the plan."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from collections import defaultdict
+
+import pandas as pd
+import pytest
+
+from fedtsp.core.paths import REPO_ROOT
+from fedtsp.paper.claims import NOT_TESTABLE, semantics
+from fedtsp.paper.claims.analysis_plan import (
+    PLAN_FILE,
+    PLANNED,
+    AnalysisPlan,
+    budget_seconds,
+    check,
+    load_plan,
+    plan_commit,
+    upper_sd,
+)
+from fedtsp.paper.claims.power import PlannedPart
+from fedtsp.paper.experiments import DataSource, seed_group
+from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
+from fedtsp.paper.notebook_runs import notebook_plan
+from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
+
+PLAN = json.loads(PLAN_FILE.read_text())
+
+
+def _part(claim: str, scope: str, comparison: str, comparator: str, **kw) -> PlannedPart:
+    fields = dict(kind="above", effect=1.0, margin=1.0, sd=0.5, seeds=4, groups=("g",),
+                  priority=1, status=PLANNED, unit="")  # fmt: skip
+    return PlannedPart(claim, scope, comparison, comparator=comparator, **{**fields, **kw})
+
+
+def test_upper_sd_is_the_one_sided_80_percent_bound():
+    # Three seeds (df 2): chi2(0.2; 2) = 0.4463, so the bound is sd x 2.117.
+    assert upper_sd(1.0, 2) == pytest.approx(2.117, abs=1e-3)
+    assert upper_sd(1.0, 60) == pytest.approx(1.10, abs=0.01)  # many seeds: near the sd
+
+
+def test_each_group_gets_the_most_seeds_a_planned_part_asks_and_the_budget_holds():
+    need: dict[str, int] = defaultdict(int)
+    for part in PLAN["parts"]:
+        if part["status"] == PLANNED:
+            for g in part["groups"]:
+                need[g] = max(need[g], part["seeds"])
+        else:
+            assert part["status"], part  # every part says why it is not planned
+    seeds = {g["id"]: g["seeds"] for g in PLAN["groups"]}
+    assert {g: n for g, n in seeds.items() if n} == dict(need)
+    spent = sum(g["seeds"] * g["seconds"] for g in PLAN["groups"])
+    assert spent == pytest.approx(PLAN["planned_run_seconds"], rel=1e-6)
+    assert spent <= PLAN["budget_run_seconds"] <= 12 * 3600 * PLAN["workers"]
+    # F3 and F4 at Dir(0.1), the first priority, are planned on both datasets.
+    first = [p for p in PLAN["parts"] if p["claim"] in ("F3", "F4") and "Dir(0.1)" in p["scope"]]
+    assert {p["scope"] for p in first} == {"cifar10, Dir(0.1)", "cifar100, Dir(0.1)"}
+    assert all(p["status"] == PLANNED for p in first)
+
+
+def test_the_profile_runs_the_planned_seeds_of_each_group():
+    profile = load_profile("evidence")
+    source = DataSource(profile.data)
+    counted: dict[str, set[int]] = defaultdict(set)
+    for nb in find_notebooks(NOTEBOOKS_DIR):
+        for spec in notebook_plan(nb.stem, notebook_parameters(profile, nb.stem), source):
+            counted[seed_group(spec.config)].add(spec.config.seed)
+    planned = {g["id"]: g["seeds"] for g in PLAN["groups"] if g["seeds"]}
+    assert {g: len(s) for g, s in counted.items()} == planned
+    assert all(s == set(profile.seeds[: len(s)]) for s in counted.values())  # the first n
+    assert min(profile.seeds) >= 10  # apart from the pilot (100-102) and screening (0-2)
+
+
+def test_a_fixed_comparator_is_used_even_where_another_rival_is_stronger():
+    sem = pd.DataFrame(
+        [
+            {"dataset": "cifar10", "method": m, "seed": s, "rho": v + 0.01 * s, "gap": 0.1}
+            for s in (10, 11, 12)
+            for m, v in (("FedTSP-MiniLM", 0.7), ("FedTGP", 0.6), ("FedProto", 0.3))
+        ]
+    )
+    free = semantics(sem)
+    assert [f.comparison for f in free if f.claim == "F1"] == [
+        "FedTSP-MiniLM - FedTGP (strongest of 2)"
+    ]
+    plan = AnalysisPlan(
+        (
+            _part("F1", "cifar10", "FedTSP-MiniLM - FedProto", "FedProto"),
+            _part("F2", "cifar10", "FedTSP-MiniLM - FedTGP", "FedTGP", status="x", seeds=30),
+        ),
+        {},
+    )
+    found = {f.claim: f for f in semantics(sem, plan=plan)}
+    assert set(found) == {"F1", "F2"}  # unplanned parts are not judged
+    assert found["F1"].comparison == "FedTSP-MiniLM - FedProto"
+    assert found["F1"].effect.mean == pytest.approx(40.0 / 100, abs=1e-9)
+    assert found["F2"].verdict == NOT_TESTABLE and found["F2"].reason == "x: needs 30 seeds"
+    assert math.isnan(found["F2"].p_holm)
+
+
+def test_check_reports_unplanned_and_unjudged_parts_and_records_older_than_the_plan(tmp_path):
+    commit = plan_commit()
+    assert commit is not None
+    plan = AnalysisPlan((_part("F3", "cifar10, Dir(0.1)", "A - B", "B"),), {})
+    pd.DataFrame([{"claim": "F4", "scope": "cifar10, Dir(0.1)", "comparison": "A - C"}]).to_csv(
+        tmp_path / "claims.csv", index=False
+    )
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    first = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()[0]  # fmt: skip
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    for key, code in (("old", first), ("new", head)):
+        (runs / f"{key}.json").write_text(
+            json.dumps(
+                {"record_version": 1, "key": key, "status": "complete", "git_commit": code}
+            )  # fmt: skip
+        )
+    problems = check(tmp_path, plan, commit)
+    assert problems == [
+        "claims.csv judges an unplanned part: F4 cifar10, Dir(0.1): A - C",
+        "planned part not judged: F3 cifar10, Dir(0.1): A - B",
+        f"run old comes from code {first}, not after the plan's commit {commit}",
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in profile_names() if load_profile(n).extra.get("analysis_plan")]
+)
+def test_committed_outputs_of_a_planned_profile_keep_to_its_plan(name):
+    """Every judged part planned and every record from the plan's commit on (nothing to
+    check until the profile's runs are committed)."""
+    results = REPO_ROOT / "results" / name
+    assert check(results, load_plan(name), plan_commit()) == []
+
+
+def test_the_budget_leaves_the_notebooks_own_work_out():
+    profile = load_profile("evidence")
+    assert budget_seconds(profile) < 12 * 3600 * profile.workers
+    assert budget_seconds(profile) > 11 * 3600 * profile.workers
