@@ -41,7 +41,7 @@ def _part(claim: str, scope: str, comparison: str, comparator: str, **kw) -> Pla
 def test_upper_sd_is_the_one_sided_80_percent_bound():
     # Three seeds (df 2): chi2(0.2; 2) = 0.4463, so the bound is sd x 2.117.
     assert upper_sd(1.0, 2) == pytest.approx(2.117, abs=1e-3)
-    assert upper_sd(1.0, 60) == pytest.approx(1.10, abs=0.01)  # many seeds: near the sd
+    assert upper_sd(1.0, 60) == pytest.approx(1.088, abs=1e-3)  # many seeds: near the sd
 
 
 def test_each_group_gets_the_most_seeds_a_planned_part_asks_and_the_budget_holds():
@@ -55,7 +55,7 @@ def test_each_group_gets_the_most_seeds_a_planned_part_asks_and_the_budget_holds
     seeds = {g["id"]: g["seeds"] for g in PLAN["groups"]}
     assert {g: n for g, n in seeds.items() if n} == dict(need)
     spent = sum(g["seeds"] * g["seconds"] for g in PLAN["groups"])
-    assert spent == pytest.approx(PLAN["planned_run_seconds"], rel=1e-6)
+    assert spent == pytest.approx(PLAN["planned_run_seconds"], abs=10)  # seconds rounded
     assert spent <= PLAN["budget_run_seconds"] <= 12 * 3600 * PLAN["workers"]
     # F3 and F4 at Dir(0.1), the first priority, are planned on both datasets.
     first = [p for p in PLAN["parts"] if p["claim"] in ("F3", "F4") and "Dir(0.1)" in p["scope"]]
