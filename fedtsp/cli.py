@@ -260,7 +260,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "reproduce", help="execute the numbered notebooks with papermill at a profile"
     )
     rep.add_argument(
-        "--profile", default="cpu", help="smoke, cpu, evidence or paper (fedtsp/paper/profiles.toml)"
+        "--profile",
+        default="cpu",
+        help="smoke, cpu, evidence or paper (fedtsp/paper/profiles.toml)",
     )
     rep.add_argument("--only", nargs="+", metavar="NN", help="notebook prefixes, e.g. 02 03")
     rep.add_argument("--workers", type=int, help="parallel runs (default: the profile's)")

@@ -212,7 +212,8 @@ def report(result: dict[str, Any]) -> str:
         "## Rounds to plateau, accuracy and wall time",
         "",
         "| dataset | method | rounds to plateau (per seed) | converged | best acc (%) | "
-        "above label prior (points) | wall per run (s, median) |",
+        "above label prior (points) | wall per run (s, median; other work shared the "
+        "machine) |",
         "|---|---|---|---|---:|---:|---:|",
     ]
     for m in result["methods"]:
@@ -242,6 +243,7 @@ def report(result: dict[str, Any]) -> str:
     ]
     for d in result["paired_differences"]:
         needed = d.get("seeds_for_power")
+        needed = None if needed is None or needed != needed else int(needed)  # NaN: none
         lines.append(
             f"| {d['rounds']} | {d['value']} | {d['dataset']} | {d['comparison']} | "
             f"{d['mean']:+.2f} | {d['sd']:.2f} | {d['paper_gain']:+.2f} | "

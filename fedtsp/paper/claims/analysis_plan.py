@@ -460,12 +460,13 @@ def _ablation_labels(claim: str, comparison: str) -> list[dict[str, Any]]:
     return [{"part": "table2", "row": rows["(2)"]}, {"part": "controls", "control": control}]
 
 
-def budget_seconds(profile: Profile, hours: float = BUDGET_HOURS) -> float:
+def budget_seconds(profile: Profile, longest: float = 0.0, hours: float = BUDGET_HOURS) -> float:
     """Run-seconds (all workers together) the budget leaves after the notebooks' own work,
-    as the cpu profile's last reproduction measured it."""
+    as the cpu profile's last reproduction measured it, and after `longest`, a run's wall
+    time: the last run may leave the other workers idle for up to that long."""
     timings = SCREENING / "reproduce_timings.json"
     notebooks = json.loads(timings.read_text())["seconds"] if timings.is_file() else 0.0
-    return (hours * 3600 - notebooks) * profile.workers
+    return (hours * 3600 - notebooks) * profile.workers - longest * (profile.workers - 1)
 
 
 def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
@@ -477,7 +478,7 @@ def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
     parts = build_parts(groups, pilot, claims, table1)
     # Costs are per run at the profile's workers; the budget is in all workers' seconds.
     seconds = {g.id: g.seconds for g in groups}
-    budget = budget_seconds(profile)
+    budget = budget_seconds(profile, max(seconds.values()))
     testable = [p for p in parts if not p.status]
     allocated, seeds = allocate(testable, seconds, budget)
     by_key = {(p.claim, p.scope, p.comparison): p for p in allocated}
