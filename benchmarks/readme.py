@@ -1,10 +1,10 @@
-"""Copy the committed benchmark and results tables into the README, so none of its figures
-is typed.
+"""Copy the committed benchmark and results tables into the README and the pages of
+``docs/``, so none of their figures is typed.
 
     python benchmarks/readme.py           # rewrite every block from its committed file
     python benchmarks/readme.py --check   # exit 1 if a block differs from its file
 
-A block is ``<!-- benchmark:NAME -->`` ... ``<!-- /benchmark:NAME -->`` in README.md, with
+A block is ``<!-- benchmark:NAME -->`` ... ``<!-- /benchmark:NAME -->`` in a page, with
 the body ``benchmarks/results/NAME.md`` exactly, or ``<!-- results:PATH -->`` ...
 ``<!-- /results:PATH -->`` with the body ``results/PATH.md`` (what the notebooks wrote,
 e.g. ``results:cpu/claims_summary``).
@@ -42,26 +42,33 @@ def synced(text: str, results: Path = RESULTS, outputs: Path = OUTPUTS) -> str:
     return BLOCK.sub(body, text)
 
 
+def pages() -> list[Path]:
+    """The README and every page of docs/."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only report stale blocks")
-    parser.add_argument("--readme", default=str(ROOT / "README.md"))
     args = parser.parse_args(argv)
-    path = Path(args.readme)
-    text = path.read_text()
-    new = synced(text)
-    stale = [
-        f"{kind}:{name}"
-        for kind in ("benchmark", "results")
-        for name, body in blocks(text, kind).items()
-        if blocks(new, kind)[name] != body
-    ]
+    stale, count = [], 0
+    for path in pages():
+        text = path.read_text()
+        new = synced(text)
+        count += len(blocks(new)) + len(blocks(new, "results"))
+        changed = [
+            f"{path.relative_to(ROOT)} {kind}:{name}"
+            for kind in ("benchmark", "results")
+            for name, body in blocks(text, kind).items()
+            if blocks(new, kind)[name] != body
+        ]
+        stale += changed
+        if changed and not args.check:
+            path.write_text(new)
     if args.check:
         for name in stale:
-            print(f"stale README block: {name} (run python benchmarks/readme.py)")
+            print(f"stale block: {name} (run python benchmarks/readme.py)")
         return 1 if stale else 0
-    path.write_text(new)
-    count = len(blocks(new)) + len(blocks(new, "results"))
     print(f"{count} blocks, {len(stale)} rewritten: {', '.join(stale) or '-'}")
     return 0
 

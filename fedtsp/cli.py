@@ -155,7 +155,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
     group.add_argument("--lr", type=float, default=defaults.lr)
     group.add_argument("--seed", type=int, default=defaults.seed)
-    # The protocol fields HtFLlib sets otherwise (the README's defaults table).
+    # The protocol fields HtFLlib sets otherwise (docs/baselines.md's defaults table).
     for field, choices, text in (
         ("batch_order", BATCH_ORDERS, "shuffled (every epoch) or fixed (the stored order)"),
         ("client_init", CLIENT_INITS, "independent weights, or shared: one per architecture"),

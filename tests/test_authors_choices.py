@@ -160,9 +160,9 @@ def test_bad_preset_requests_fail_in_one_line(capsys, argv, message):
 
 
 def test_the_readmes_defaults_are_the_codes():
-    """Every "our default" of the README's table of method options equals the option's
+    """Every "our default" of docs/baselines.md's table of method options equals the option's
     default in the code (the first word; "(was ...)" notes the previous default)."""
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "baselines.md").read_text()
     rows = re.findall(r"^\| (\S[^|]*?) \| (`[^|]+`) \| ([^|]+) \| [^|]+ \| [^|]+ \|$", text, re.M)
     checked = 0
     for method, options, defaults in rows:

@@ -29,7 +29,7 @@ EXPECTED_BLOCKS = {
 
 
 def test_every_readme_block_equals_its_committed_output():
-    text = (REPO / "README.md").read_text()
+    text = "".join(page.read_text() for page in readme.pages())
     found = readme.blocks(text)
     assert set(found) >= EXPECTED_BLOCKS
     for name, body in found.items():
@@ -214,3 +214,23 @@ def test_the_product_benchmark_measures_a_training_step():
         "fedavgcnn_s", batch=8, steps=2, channels_last=None, device="cpu", point_convs=False
     )
     assert fast > 0 and plain > 0  # images per second, both ways of running 1x1 convolutions
+
+
+def test_the_readme_is_a_map_whose_links_resolve():
+    """The README stays within 200 lines, and every relative link of it and of the docs
+    pages names a file that exists (and, for a page's #anchor, a heading of that page)."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    for page in readme.pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            assert file.exists(), (page.name, target)
+            if anchor and file.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", file.read_text(), re.M)
+                slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
+                assert anchor in slugs, (page.name, target)

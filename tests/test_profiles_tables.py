@@ -31,7 +31,9 @@ def test_profiles_load_and_cover_every_notebook():
 
 
 def test_unknown_profile_and_notebook_are_clear_errors():
-    with pytest.raises(ConfigError, match="unknown profile 'gpu'; choose one of smoke, cpu, evidence, paper"):
+    with pytest.raises(
+        ConfigError, match="unknown profile 'gpu'; choose one of smoke, cpu, evidence, paper"
+    ):
         load_profile("gpu")
     with pytest.raises(ConfigError, match="no parameters for notebook '99_x'"):
         notebook_parameters("smoke", "99_x")
