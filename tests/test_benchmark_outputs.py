@@ -25,6 +25,7 @@ EXPECTED_BLOCKS = {
     "code_metrics_change",
     "plan_costs",
     "reproduce_cpu_same_runs",
+    "cli_latency",
 }
 
 
