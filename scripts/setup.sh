@@ -2,7 +2,8 @@
 # Set-up behind `make reproduce` and `make test`: idempotent, seconds when all is in place.
 #  1. a virtual environment (.venv, or $FEDTSP_VENV) with the package and its dev extras,
 #     reinstalled only when pyproject.toml changed;
-#  2. the system data (WordNet 3.0, Fashion-MNIST): installed from Debian's packages where
+#  2. the system data (WordNet 3.0, Fashion-MNIST) and Chromium for the notebook browser
+#     test: installed from Debian's packages where
 #     apt-get is usable (root, or sudo without a password; FEDTSP_NO_APT=1 skips it),
 #     otherwise one sentence per missing item naming what to install.
 set -euo pipefail

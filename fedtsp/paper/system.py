@@ -1,15 +1,18 @@
-"""System data the package needs beyond Python packages: WordNet 3.0 and Fashion-MNIST.
+"""System data and tools the package needs beyond Python packages: WordNet 3.0,
+Fashion-MNIST, and Chromium with its driver for the notebook browser test.
 
 `python -m fedtsp.paper.system` prints what is present and what is missing; `--debian` prints only
 the Debian packages that would supply what is missing (what `scripts/setup.sh` installs).
 Each check accepts every route the package itself reads: for WordNet an nltk corpus,
 `$WNSEARCHDIR` or the Debian files; for Fashion-MNIST `$FEDTSP_DATA`, the Debian folder or
-an earlier decoded copy in the cache.
+an earlier decoded copy in the cache; for the browser, `chromium` and `chromedriver` on the
+PATH (Debian: chromium, chromium-driver).
 """
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +55,11 @@ def _fmnist_problem() -> str | None:
     return None
 
 
+def _browser_problem() -> str | None:
+    lacking = [name for name in ("chromium", "chromedriver") if shutil.which(name) is None]
+    return f"not found on PATH: {', '.join(lacking)}" if lacking else None
+
+
 SYSTEM_DATA = (
     SystemData(
         "WordNet 3.0",
@@ -67,6 +75,13 @@ SYSTEM_DATA = (
         "with internet let torchvision download FashionMNIST and point FEDTSP_DATA at its folder.",
         _fmnist_problem,
         dataset="fmnist",
+    ),
+    SystemData(
+        "Chromium",
+        "the test that opens every notebook in JupyterLab (tests/test_notebook_browser.py)",
+        ("chromium", "chromium-driver"),
+        "the test is skipped with its reason.",
+        _browser_problem,
     ),
 )
 
