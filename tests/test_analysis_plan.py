@@ -164,3 +164,12 @@ def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path
     hours = sum(r.seconds for r in runs) / profile.workers / 3600
     assert hours == pytest.approx(PLAN["planned_run_seconds"] / profile.workers / 3600, rel=0.01)
     assert hours <= PLAN["budget_hours"]
+
+
+def test_the_committed_plan_is_not_rebuilt_without_replace(capsys):
+    from fedtsp.paper.claims.analysis_plan import main
+
+    before = PLAN_FILE.read_bytes()
+    assert main([]) == 2
+    assert "pre-registered" in capsys.readouterr().err
+    assert PLAN_FILE.read_bytes() == before

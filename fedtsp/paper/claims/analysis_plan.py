@@ -61,6 +61,7 @@ from fedtsp.paper.floors import CEILING
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
+from fedtsp.paper.reported import table1_value
 
 PROFILE = "evidence"
 PLAN_FILE = Path(__file__).with_name("analysis_plan.json")
@@ -247,13 +248,17 @@ def screening(results: Path = SCREENING) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def build_parts(
-    groups: Sequence[Group], pilot: dict[str, Any], claims: pd.DataFrame, table1: pd.DataFrame
+    groups: Sequence[Group],
+    pilot: dict[str, Any],
+    claims: pd.DataFrame,
+    table1: pd.DataFrame,
+    rounds_ratio: float,
 ) -> list[PlannedPart]:
     """Every part the evidence notebooks judge, with comparator, effect, margin, sd and
-    seeds for `POWER` (before the budget)."""
+    seeds for `POWER` (before the budget). `rounds_ratio`: the planned schedule's rounds
+    over the screening runs' (F9's rounds to a target scale with it)."""
     gains = paper_gains()
     p = pilot_inputs(pilot)
-    ratio = 50 / 20  # F9's rounds: the planned schedule over the screening one
     specs: list[dict[str, Any]] = []
 
     def screened(claim: str, scope: str) -> pd.Series | None:
@@ -307,8 +312,6 @@ def build_parts(
                 rival = _strongest(p["best"][ds], PROTOTYPE)
                 basis = "comparator: the strongest prototype baseline on the pilot"
             else:
-                from fedtsp.paper.reported import table1_value
-
                 rival = max(PROTOTYPE, key=lambda m: table1_value(m, ds, alpha) or -1.0)
                 basis = "comparator: the strongest prototype baseline of the paper's Table 1"
             f3_rivals[(ds, alpha)] = rival
@@ -345,8 +348,8 @@ def build_parts(
             rival = f3_rivals[(ds, 0.1)]
             add("F9", scope, convergence_comparison(rival, OURS), "rounds",
                 [main(ds, alpha, OURS), main(ds, alpha, rival)],
-                sd_from=screened("F9", scope), comparator=rival, cpu_scale=ratio,
-                basis="comparator: F3's; sd: seeds 0-2's scaled by 50 / 20 rounds")  # fmt: skip
+                sd_from=screened("F9", scope), comparator=rival, cpu_scale=rounds_ratio,
+                basis=f"comparator: F3's; sd: seeds 0-2's scaled by {rounds_ratio:g}x the rounds")  # fmt: skip
         effect = gains[(ds, 0.1)] - gains[(ds, 1.0)]
         add("F5", ds, heterogeneity_comparison(OURS, 0.1, 1.0), "points",
             [main(ds, a, m) for a in (0.1, 1.0) for m in (OURS, f3_rivals[(ds, a)])],
@@ -475,7 +478,8 @@ def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
     groups = profile_groups(profile, profile.workers)
     pilot = json.loads(PILOT.read_text())
     claims, table1 = screening()
-    parts = build_parts(groups, pilot, claims, table1)
+    screened_rounds = load_profile(SCREENING.name).base["rounds"]
+    parts = build_parts(groups, pilot, claims, table1, profile.base["rounds"] / screened_rounds)
     # Costs are per run at the profile's workers; the budget is in all workers' seconds.
     seconds = {g.id: g.seconds for g in groups}
     budget = budget_seconds(profile, max(seconds.values()))
@@ -609,7 +613,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m fedtsp.paper.claims.analysis_plan", description=__doc__
     )
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--replace",
+        action="store_true",
+        help="overwrite the committed plan (it is pre-registered: records made before the "
+        "new plan's commit no longer count)",
+    )
+    args = parser.parse_args(argv)
+    if PLAN_FILE.is_file() and not args.replace:
+        print(
+            f"{PLAN_FILE.name} exists and is pre-registered: its runs are judged by it. "
+            "Rebuilding it from today's inputs may change it; pass --replace to do so anyway.",
+            file=sys.stderr,
+        )
+        return 2
     plan = build_plan()
     atomic_write_text(PLAN_FILE, json.dumps(plan, indent=1) + "\n")
     atomic_write_text(REPORT, report(plan))
