@@ -91,15 +91,22 @@ def test_a_fixed_comparator_is_used_even_where_another_rival_is_stronger():
     plan = AnalysisPlan(
         (
             _part("F1", "cifar10", "FedTSP-MiniLM - FedProto", "FedProto"),
-            _part("F2", "cifar10", "FedTSP-MiniLM - FedTGP", "FedTGP", status="x", seeds=30),
+            _part("F2", "cifar10", "FedTSP-MiniLM - FedTGP", "FedTGP", seeds=30,
+                  status="not testable at this budget"),
         ),
         {},
-    )
+    )  # fmt: skip
     found = {f.claim: f for f in semantics(sem, plan=plan)}
     assert set(found) == {"F1", "F2"}  # unplanned parts are not judged
     assert found["F1"].comparison == "FedTSP-MiniLM - FedProto"
     assert found["F1"].effect.mean == pytest.approx(40.0 / 100, abs=1e-9)
-    assert found["F2"].verdict == NOT_TESTABLE and found["F2"].reason == "x: needs 30 seeds"
+    assert found["F2"].verdict == NOT_TESTABLE
+    assert found["F2"].reason == "not testable at this budget: needs 30 seeds"
+    # A part the plan found not testable for another reason says that reason only.
+    ceiling = "not testable here: top-5 above the 95 % ceiling on seeds 0-2"
+    plan = AnalysisPlan((_part("F1", "cifar10", "FedTSP-MiniLM - FedProto", "FedProto",
+                               status=ceiling, seeds=None),), {})  # fmt: skip
+    assert [f.reason for f in semantics(sem, plan=plan)] == [ceiling]
     assert math.isnan(found["F2"].p_holm)
 
 

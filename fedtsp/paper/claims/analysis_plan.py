@@ -122,11 +122,13 @@ class AnalysisPlan:
             if part is None:
                 continue
             if part.status != PLANNED:
-                need = "more than 100" if part.seeds is None else str(part.seeds)
+                reason = part.status
+                if part.status == OVER_BUDGET:
+                    need = "more than 100" if part.seeds is None else str(part.seeds)
+                    reason = f"{part.status}: needs {need} seeds"
                 f = dataclasses.replace(
-                    f, verdict=NOT_TESTABLE, reason=f"{part.status}: needs {need} seeds",
-                    tests=(), p_holm=math.nan,
-                )  # fmt: skip
+                    f, verdict=NOT_TESTABLE, reason=reason, tests=(), p_holm=math.nan
+                )
             out.append(f)
         return out
 
