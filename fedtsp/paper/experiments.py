@@ -168,11 +168,15 @@ def method_config(
     return check_run(RunConfig.from_dict(merged), here=False)  # device: checked at the start
 
 
+def config_hash_without(config: RunConfig, fields: tuple[str, ...]) -> str:
+    """A stable hash of the config's fields other than `fields`."""
+    return stable_hash({k: v for k, v in config.to_dict().items() if k not in fields})
+
+
 def seed_group(config: RunConfig) -> str:
     """The run's group: its config without the seed and the partition seed (the runs a
     table cell averages over, and an analysis plan gives seeds to)."""
-    values = config.to_dict()
-    return stable_hash({k: v for k, v in values.items() if k not in ("seed", "partition_seed")})
+    return config_hash_without(config, ("seed", "partition_seed"))
 
 
 def partition_seed_of(value: int | str, seed: int) -> int:

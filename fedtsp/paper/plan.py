@@ -32,14 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedtsp.core.config import ConfigError, RunConfig, stable_hash
+from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
 from fedtsp.engine.build import global_test_indices, partition_dataset
 from fedtsp.engine.loop import global_eval_due
 from fedtsp.engine.simulation import run_key
 from fedtsp.models.families import build_model, client_architecture
-from fedtsp.paper.experiments import DataSource, RunSpec
+from fedtsp.paper.experiments import DataSource, RunSpec, config_hash_without
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
 
@@ -66,9 +66,8 @@ def twin_signature(config: RunConfig | dict) -> str:
     """What a run's cost per round depends on: its config without the seed, the partition
     seed, alpha (the same images, spread otherwise over the clients) and the schedule."""
     values = config.to_dict() if isinstance(config, RunConfig) else config
-    values = RunConfig.from_dict(values).to_dict()  # older records: today's defaults filled in
-    drop = ("seed", "partition_seed", "alpha", *SCHEDULE)
-    return stable_hash({k: v for k, v in values.items() if k not in drop})
+    full = RunConfig.from_dict(values)  # older records: today's defaults filled in
+    return config_hash_without(full, ("seed", "partition_seed", "alpha", *SCHEDULE))
 
 
 @dataclass(frozen=True)

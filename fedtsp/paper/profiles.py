@@ -63,9 +63,9 @@ def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def planned_seeds(profile: Profile) -> dict[str, int] | None:
-    """Seeds per run group (`experiments.seed_group`) of the profile's analysis plan, or
-    None for a profile without one."""
+def analysis_plan_data(profile: Profile) -> dict[str, Any] | None:
+    """The profile's analysis plan as committed (`fedtsp/paper/claims/<file>`), or None for
+    a profile without one."""
     name = profile.extra.get("analysis_plan")
     if name is None:
         return None
@@ -75,8 +75,18 @@ def planned_seeds(profile: Profile) -> dict[str, int] | None:
             f"profile {profile.name!r} reads its seeds from the analysis plan {path.name}, "
             "which is missing; write it with: python -m fedtsp.paper.claims.analysis_plan"
         )
-    plan = json.loads(path.read_text())
+    return json.loads(path.read_text())
+
+
+def group_seeds(plan: dict[str, Any]) -> dict[str, int]:
+    """Seeds per run group (`experiments.seed_group`) of an analysis plan's data."""
     return {group["id"]: int(group["seeds"]) for group in plan["groups"]}
+
+
+def planned_seeds(profile: Profile) -> dict[str, int] | None:
+    """Seeds per run group of the profile's analysis plan, or None without one."""
+    plan = analysis_plan_data(profile)
+    return None if plan is None else group_seeds(plan)
 
 
 def method_specs(path: Path = PROFILES_FILE) -> dict[str, dict[str, Any]]:

@@ -53,14 +53,27 @@ from fedtsp.core.config import ConfigError
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore, _git
 from fedtsp.paper.claims.findings import convergence_comparison, heterogeneity_comparison
-from fedtsp.paper.claims.power import POWER, PlannedPart, allocate, seeds_needed
+from fedtsp.paper.claims.power import (
+    OVER_BUDGET,
+    PLANNED,
+    POWER,
+    PlannedPart,
+    allocate,
+    seeds_needed,
+)
 from fedtsp.paper.claims.registry import paper_gains
 from fedtsp.paper.claims.rule import ALPHA, MARGINS, NOT_TESTABLE, Finding
 from fedtsp.paper.experiments import DataSource, seed_group
 from fedtsp.paper.floors import CEILING
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
-from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
+from fedtsp.paper.profiles import (
+    Profile,
+    analysis_plan_data,
+    group_seeds,
+    load_profile,
+    notebook_parameters,
+)
 from fedtsp.paper.reported import table1_value
 
 PROFILE = "evidence"
@@ -84,8 +97,6 @@ POOLED = ("FedProto", "FedTGP", "Local")  # the pilot's converged comparisons
 # prototypes' exact geometry and remove only which class gets which, the sharpest test of
 # "the meaning carries the gain"; simplex keeps equal spread without any text; random last.
 CONTROL_ORDER = ("shuffled", "simplex", "random")
-PLANNED = "planned"
-OVER_BUDGET = "not testable at this budget"
 
 
 # ---------------------------------------------------------------------------------------
@@ -136,15 +147,11 @@ class AnalysisPlan:
 def load_plan(profile: Profile | str) -> AnalysisPlan | None:
     """The profile's analysis plan (None for a profile without one)."""
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    name = prof.extra.get("analysis_plan")
-    if name is None:
+    data = analysis_plan_data(prof)
+    if data is None:
         return None
-    path = Path(__file__).with_name(str(name))
-    if not path.is_file():
-        raise ConfigError(f"the analysis plan {path.name} of profile {prof.name!r} is missing")
-    data = json.loads(path.read_text())
     parts = tuple(PlannedPart(**{**p, "groups": tuple(p["groups"])}) for p in data["parts"])
-    return AnalysisPlan(parts, {g["id"]: int(g["seeds"]) for g in data["groups"]})
+    return AnalysisPlan(parts, group_seeds(data))
 
 
 # ---------------------------------------------------------------------------------------
@@ -549,11 +556,11 @@ def report(plan: dict[str, Any]) -> str:
         "| seeds | status | basis |",
         "|---|---|---|---|---:|---:|---:|---:|---|---|",
     ]
+
+    def num(v: float | None, fmt: str = "{:.2f}") -> str:
+        return "-" if v is None else fmt.format(v)
+
     for p in plan["parts"]:
-
-        def num(v: float | None, fmt: str = "{:.2f}") -> str:
-            return "-" if v is None else fmt.format(v)
-
         lines.append(
             f"| {p['claim']} | {p['scope']} | {p['comparison']} | {p['kind']} | "
             f"{num(p['effect'], '{:+.2f}')} | {num(p['margin'])} | {num(p['sd'])} | "

@@ -18,6 +18,8 @@ from fedtsp.paper.claims.rule import ALPHA
 from fedtsp.paper.statistics import equivalence_power, paired_power, seeds_for_power
 
 POWER = 0.8
+PLANNED = "planned"
+OVER_BUDGET = "not testable at this budget"
 MOST_SEEDS = 100
 
 
@@ -84,7 +86,7 @@ def allocate(
             left -= extra
             for g in part.groups:
                 have[g] = max(have.get(g, 0), part.seeds)
-            out.append(replace(part, status="planned"))
+            out.append(replace(part, status=PLANNED))
         else:
-            out.append(replace(part, status="not testable at this budget"))
+            out.append(replace(part, status=OVER_BUDGET))
     return out, have
