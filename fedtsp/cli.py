@@ -275,6 +275,12 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="list the runs (stored and new) and estimate the new ones' wall time; run nothing",
     )
     rep.add_argument(
+        "--prune",
+        action="store_true",
+        help="after the runs, delete the store's records that no notebook of the profile uses "
+        "(every notebook must be selected)",
+    )
+    rep.add_argument(
         "--allow-partial",
         action="store_true",
         help="exit 0 even if a notebook lacked something the profile expects (see the summary)",
@@ -498,6 +504,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     _check_profile(args.profile)
     find_notebooks(NOTEBOOKS_DIR, args.only)  # an --only that matches none: one line, at once
+    if args.prune and args.only:
+        raise UserError("--prune needs every notebook: the others' runs would look unused")
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
     from fedtsp.paper.reproduce import reproduce
@@ -514,6 +522,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         workers=args.workers,
         progress=args.progress,
         allow_partial=args.allow_partial,
+        prune=args.prune,
     )
 
 

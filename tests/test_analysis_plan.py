@@ -17,6 +17,7 @@ from fedtsp.paper.claims.analysis_plan import (
     PLAN_FILE,
     PLANNED,
     AnalysisPlan,
+    addendum_commits,
     budget_seconds,
     check,
     load_plan,
@@ -27,7 +28,13 @@ from fedtsp.paper.claims.power import PlannedPart
 from fedtsp.paper.experiments import DataSource, seed_group
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
-from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
+from fedtsp.paper.profiles import (
+    analysis_plan_data,
+    group_seeds,
+    load_profile,
+    notebook_parameters,
+    profile_names,
+)
 
 PLAN = json.loads(PLAN_FILE.read_text())
 
@@ -140,6 +147,47 @@ def test_check_reports_unplanned_and_unjudged_parts_and_records_older_than_the_p
     ]
 
 
+def test_an_addendum_adds_parts_and_groups_and_holds_its_groups_to_its_own_commit(tmp_path):
+    import dataclasses
+
+    from fedtsp.core.config import RunConfig
+    from fedtsp.core.results import RunStore
+
+    record = next(RunStore(REPO_ROOT / "results" / "pilot" / "runs").records())
+    group = seed_group(RunConfig.from_dict(record["config"]))
+    main_group = PLAN["groups"][0]
+    addendum = {
+        "parts": [dataclasses.asdict(_part("M2", "overlapping-labels", "fmcl - cfl", "cfl"))],
+        "groups": [{"id": "new", "seeds": 7}, main_group | {"seeds": main_group["seeds"] + 2}],
+    }
+    path = tmp_path / "addendum.json"
+    path.write_text(json.dumps(addendum))
+    profile = load_profile("evidence")
+    profile = dataclasses.replace(
+        profile, extra=profile.extra | {"analysis_plan": ["analysis_plan.json", str(path)]}
+    )
+    merged = analysis_plan_data(profile)
+    assert len(merged["parts"]) == len(PLAN["parts"]) + 1
+    seeds = group_seeds(merged)
+    assert seeds["new"] == 7 and seeds[main_group["id"]] == main_group["seeds"] + 2
+    assert len(seeds) == len(PLAN["groups"]) + 1  # a group both name is listed once
+    # A record of an addendum's group must descend from the addendum's commit as well.
+    runs = tmp_path / "results" / "runs"
+    runs.mkdir(parents=True)
+    (runs / f"{record['key']}.json").write_text(json.dumps(record))
+    root = subprocess.run(
+        ["git", "rev-list", "--max-parents=0", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+        text=True, check=True,
+    ).stdout.split()[0]  # fmt: skip
+    plan = AnalysisPlan((), {})
+    assert check(runs.parent, plan, root) == []
+    assert check(runs.parent, plan, root, {group: plan_commit()}) == [
+        f"run {record['key']} comes from code {record['git_commit']}, not after the "
+        f"addendum's commit {plan_commit()}"
+    ]
+    assert check(runs.parent, plan, root, {"another group": plan_commit()}) == []
+
+
 @pytest.mark.parametrize(
     "name", [n for n in profile_names() if load_profile(n).extra.get("analysis_plan")]
 )
@@ -147,7 +195,7 @@ def test_committed_outputs_of_a_planned_profile_keep_to_its_plan(name):
     """Every judged part planned and every record from the plan's commit on (nothing to
     check until the profile's runs are committed)."""
     results = REPO_ROOT / "results" / name
-    assert check(results, load_plan(name), plan_commit()) == []
+    assert check(results, load_plan(name), plan_commit(), addendum_commits(name)) == []
 
 
 def test_the_budget_leaves_out_the_notebooks_own_work_and_a_last_run_alone():

@@ -194,7 +194,9 @@ def test_pacfl_counts_clusters_by_its_own_angle_threshold():
     assert labels.tolist() == [0, 0, 1, 1]  # groups 10 degrees apart: two clusters
     close = np.where(d > 0, np.radians(3.0), 0.0)
     assert cluster_clients(close, opts.clustering(), seed=0)[0].tolist() == [0, 0, 0, 0]
-    assert PACFL.key_revision({}) == 1  # its runs before the rule keep their old keys
+    assert (
+        PACFL.key_revision({}) == 2
+    )  # runs before the rule, or before set-up clustering, keep their keys
 
 
 def test_ifca_assign_picks_the_lowest_loss():
@@ -275,6 +277,35 @@ def test_label_group_population_has_disjoint_classes():
         PopulationSpec(kind="iid").validate()
 
 
+def test_overlapping_label_groups_share_classes_in_a_ring_and_no_sample():
+    spec = PopulationSpec(
+        kind="label-groups",
+        datasets=("cifar10",),
+        num_groups=2,
+        num_clients=4,
+        fraction=1.0,
+        grouping="contiguous",
+        overlap=0.4,
+    )
+    data = {"cifar10": synthetic_dataset(per_class=20)}
+    pop = build_population(spec, datasets=data)
+    held = [set(np.concatenate([pop.train_y[i], pop.test_y[i]]).tolist()) for i in range(4)]
+    # Blocks 0-4 and 5-9; each group also holds 40 % (2) of the other's lowest classes.
+    assert held[0] | held[2] == {0, 1, 2, 3, 4, 5, 6} and held[1] | held[3] == {0, 1, 5, 6, 7, 8, 9}
+    counts = np.bincount(np.concatenate(pop.train_y + pop.test_y), minlength=10)
+    assert counts.tolist() == [24] * 10  # every image of every class used once, shared or not
+    shared = [sum(int((np.concatenate([pop.train_y[i], pop.test_y[i]]) == 5).sum()) for i in g)
+              for g in ((0, 2), (1, 3))]  # fmt: skip
+    assert shared == [12, 12]  # a shared class's images dealt evenly between its two groups
+    disjoint = build_population(spec.__class__(**{**spec.to_dict(), "overlap": 0.0}), datasets=data)
+    assert pop.groups.tolist() == disjoint.groups.tolist()
+    assert {int(y) for y in disjoint.train_y[0]} <= {0, 1, 2, 3, 4}
+    with pytest.raises(ValueError, match="only label-groups"):
+        PopulationSpec(kind="mixed-domain", datasets=("cifar10", "fmnist"), overlap=0.5).validate()
+    with pytest.raises(ValueError, match=r"overlap=1.5 is invalid; it must be in \[0, 1\]"):
+        PopulationSpec(overlap=1.5).validate()
+
+
 def population_config(algorithm: str, rounds: int = 2, **options) -> RunConfig:
     """A run of a clustered algorithm on the tiny mixed-domain population below."""
     return RunConfig(
@@ -343,10 +374,12 @@ def test_fmcl_finds_the_domains_from_signatures_sent_once(domains, tmp_path):
     run = prepare(population_config("fmcl"), dataset=domains)
     model = 4 * sum(p.numel() for p in run.clients[0].model.parameters())
     signature = 10 * 1280 * 4 + 10 * 4  # 10 held classes x 1280 float32 + 10 int32 counts
-    first, second = record["history"][0], record["history"][1]
-    assert first["bytes_up_per_client"] == model + 8 + signature  # with round 0's upload
-    assert second["bytes_up_per_client"] == model + 8  # never again
-    assert first["num_clusters"] == 2
+    # In set-up: every client's signature and client 0's start up, each cluster's start down.
+    assert record["setup"]["bytes_up_per_client"] == signature + model / 4
+    assert record["setup"]["bytes_down"] == model
+    ups = [r["bytes_up_per_client"] for r in record["history"] if "bytes_up_per_client" in r]
+    assert ups == [model + 8] * 2  # both rounds: the model and its count, never a signature
+    assert record["history"][0]["num_clusters"] == 2
 
 
 def test_pacfl_finds_the_domains_from_data_subspaces(domains, tmp_path):
@@ -358,8 +391,34 @@ def test_pacfl_finds_the_domains_from_data_subspaces(domains, tmp_path):
         p.numel()
         for p in prepare(population_config("pacfl"), dataset=domains).clients[0].model.parameters()
     )
-    extra = record["history"][0]["bytes_up_per_client"] - model - 8
+    extra = record["setup"]["bytes_up_per_client"] - model / 4  # client 0 also sends the start
     assert extra == 3072 * 2 * 10 * 4  # a rank-2 basis per class, 10 classes, float32
+
+
+def test_every_clustered_method_starts_cluster_k_from_the_same_weights(domains):
+    """The oracle's group k, FMCL's and PACFL's cluster k and IFCA's model k: one start each."""
+    runs = {
+        name: prepare(population_config(algo, **opts), dataset=domains)
+        for name, (algo, opts) in {
+            "oracle": ("clusters", {"clusters": "truth"}),
+            "fmcl": ("fmcl", {"input_size": 64, "num_clusters": 2}),
+            "pacfl": ("pacfl", {"rank": 2, "num_clusters": 2}),
+            "ifca": ("ifca", {"num_clusters": 2}),
+        }.items()
+    }
+    starts = {name: run.server.models for name, run in runs.items()}
+    for k in (0, 1):
+        for name in ("fmcl", "pacfl", "ifca"):
+            assert all(
+                torch.equal(v, starts["oracle"][k][key]) for key, v in starts[name][k].items()
+            )
+    assert not torch.equal(*(starts["oracle"][k]["model.head.weight"] for k in (0, 1)))
+    client0 = runs["oracle"].clients[0].model.state_dict()
+    assert all(torch.equal(client0[key[6:]], v) for key, v in starts["oracle"][0].items())
+    # Before round 0 every client holds its own cluster's start ([0, 1, 0, 1]).
+    for i, client in enumerate(runs["fmcl"].clients):
+        weights = client.model.state_dict()
+        assert all(torch.equal(weights[key[6:]], v) for key, v in starts["fmcl"][i % 2].items())
 
 
 def test_ifca_client_picks_the_model_that_fits_its_data(domains):
@@ -474,3 +533,21 @@ def test_benchmark_validates_before_loading_data(tmp_path):
     with pytest.raises(ValueError, match="workers=0"):
         run_benchmark("mixed-domain", workers=0, out=tmp_path, data="synthetic")
     assert not list(tmp_path.iterdir())  # nothing was written
+
+
+def test_pacfl_beta_is_the_committed_best_case_of_its_sweep_and_reaches_the_runs():
+    from fedtsp.paper.fmcl.benchmark import benchmark_config
+    from fedtsp.paper.fmcl.pacfl_beta import BETA_FILE, TUNING_SEEDS
+
+    committed = json.loads(BETA_FILE.read_text())
+    assert committed["tuning_seeds"] == list(TUNING_SEEDS) and not {0, 1, 2} & set(TUNING_SEEDS)
+    for population, chosen in committed["populations"].items():
+        means = {float(b): m for b, m in chosen["mean_ari_by_beta"].items()}
+        best = max(means.values())
+        assert chosen["beta_degrees"] == min(b for b, m in means.items() if m == best)
+        options = benchmark_config(population, "pacfl", 0).algo_options
+        assert np.degrees(options["distance_threshold"]) == pytest.approx(chosen["beta_degrees"])
+    # On the mixed-domain population the tuned beta finds the two domains; 4.9 degrees does not.
+    mixed = committed["populations"]["mixed-domain"]["mean_ari_by_beta"]
+    assert mixed[str(committed["populations"]["mixed-domain"]["beta_degrees"])] == 1.0
+    assert mixed["4.9"] == 0.0

@@ -116,11 +116,16 @@ def test_every_method_keeps_a_typed_client_state_and_sets_up_from_facts(
     assert all(type(f) is ClientFacts for f in seen["facts"])
     counts = seen["facts"][1].class_counts
     assert sum(counts) == run.clients[1].num_train == seen["facts"][1].num_train
-    # Only a common start (client 0's model or head) travels in set-up, and only from client 0.
-    assert all(not u for i, u in seen["uploads"].items() if i > 0)
-    if seen["uploads"][0]:
+    # In set-up travel a common start (client 0's model or head, from client 0 only) and the
+    # one-shot clustering descriptors of FMCL and PACFL (every client's).
+    descriptor = {"fmcl": "signature.", "pacfl": "subspace"}.get(algorithm, "no descriptor")
+    sent = {i: [k for k in u if not k.startswith(descriptor)] for i, u in seen["uploads"].items()}
+    assert all(not keys for i, keys in sent.items() if i > 0)
+    if sent[0]:
         assert cls.Client.start_from is not None
-        assert all(k.startswith("model.") for k in seen["uploads"][0])
+        assert all(k.startswith("model.") for k in sent[0])
+    if algorithm in ("fmcl", "pacfl"):
+        assert all(any(k.startswith(descriptor) for k in u) for u in seen["uploads"].values())
 
 
 @pytest.mark.parametrize("algorithm", algorithm_names())

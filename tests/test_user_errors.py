@@ -158,6 +158,7 @@ CASES = [
     (["reproduce", "--only", "99"], "99"),
     (["reproduce", "--workers", "0"], "workers=0"),
     (["reproduce", "--results", "{file}"], "a-file"),
+    (["reproduce", "--only", "01", "--prune"], "--prune needs every notebook"),
 ]
 
 

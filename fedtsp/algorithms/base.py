@@ -8,6 +8,7 @@ server hook computed: the attribute does not exist on the object it runs on, on 
 transport. Set-up, then once per round:
 
     set-up: client: init_client (its State), setup_upload -> server: setup(facts, uploads)
+    -> first_messages -> client: receive
     client: evaluate (predict) -> local training (train_loss, with local_loss as the usual
     extra term; before_step between each backward pass and optimiser step) -> upload
     server: aggregate -> configure (one message per client; by default ``message()`` to
@@ -185,6 +186,12 @@ class ServerHalf(Half):
         """Set up from the clients' facts and set-up uploads; may return a first message for
         every client."""
         return None
+
+    def first_messages(self, client_ids: list[int], first: Message | None) -> dict[int, Message]:
+        """What each client receives after set-up: by default ``setup``'s message to all
+        (nothing where it returned None); a method whose clients start apart (clustered FL:
+        each cluster's own start) tailors it. It draws no randomness."""
+        return {} if first is None else dict.fromkeys(client_ids, first)
 
     def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         """Fold one round's uploads (client id -> upload, in client order) into the state."""

@@ -57,5 +57,9 @@ FixedClusters = register(
         FixedClustersServer,
         FixedClustersOptions,
         settings=("pfl",),
+        # Revision 1 (the oracle only): group k starts from `cluster_start(k)`, not all
+        # groups from client 0's weights; FedAvg and Local are as before.
+        revision=1,
+        revision_of=lambda options: int(options.get("clusters") == "truth"),
     )
 )

@@ -1,12 +1,12 @@
 """FMCL: one-shot, class-aware client clustering from a frozen foundation model.
 
 Each client embeds its training images once with a frozen image encoder
-(`fedtsp.models.image_encoders`) and sends, with its first upload, its signature: the mean
+(`fedtsp.models.image_encoders`) and sends, in set-up, its signature: the mean
 embedding and the sample count of every class it holds (`fedtsp.algorithms.clustering.signatures`).
 The server computes client-to-client distances over shared classes, clusters the clients
 once (`fedtsp.algorithms.clustering.oneshot`) and runs FedAvg inside each cluster from then on
 (`fedtsp.algorithms.clustering.halves`). Nothing else is communicated; the signature's bytes count
-in round 0's upload. FMCL has no public code: every choice its description leaves open is
+in the set-up's upload. FMCL has no public code: every choice its description leaves open is
 an option below, defaults documented in the modules named.
 """
 
@@ -81,7 +81,7 @@ def frozen_encoder(name: str, input_size: int | None, device: str) -> FrozenImag
 
 
 class FMCLClient(ClusteredClient):
-    """Sends its signature with its first upload."""
+    """Sends its signature in set-up."""
 
     def extra_upload(self, client: Client) -> dict[str, torch.Tensor]:
         o = self.opts
@@ -115,4 +115,7 @@ class FMCLServer(ClusteredServer):
         return labels
 
 
-FMCL = register(Algorithm("fmcl", FMCLClient, FMCLServer, FMCLOptions, settings=("pfl",)))
+# Revision 1: signatures sent in set-up, cluster k starts from `cluster_start(k)`.
+FMCL = register(
+    Algorithm("fmcl", FMCLClient, FMCLServer, FMCLOptions, settings=("pfl",), revision=1)
+)

@@ -1,5 +1,7 @@
 """IFCA (Ghosh et al., NeurIPS 2020): the server keeps K cluster models, each from its own
-random initialisation; every client picks the one with the lowest loss on its training data.
+initialisation; every client picks the one with the lowest loss on its training data. Model
+k starts where every clustered method's cluster k starts (`cluster_start`: client 0's
+weights for k = 0, a seeded draw per k >= 1), so IFCA's independent starts are the oracle's.
 
 Every round each client receives all K models, evaluates and trains the one it picks and
 uploads it with the pick; the server averages the uploads of each cluster (a cluster nobody
@@ -19,16 +21,14 @@ import torch.nn.functional as F
 
 from fedtsp.algorithms.base import Algorithm, Message, register
 from fedtsp.algorithms.clients import Client, ClientFacts
-from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer
+from fedtsp.algorithms.clustering.halves import ClusteredClient, ClusteredServer, cluster_start
 from fedtsp.algorithms.model_messages import (
     average_model_messages,
     load_model_message,
     model_message,
     with_sample_count,
 )
-from fedtsp.algorithms.shared_model import seeded
 from fedtsp.core.options import option
-from fedtsp.models.families import build_model
 
 PICK_KEY = "ifca.cluster"
 
@@ -82,20 +82,15 @@ class IFCAClient(ClusteredClient):
 
 
 class IFCAServer(ClusteredServer):
-    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
+    def initial_assignment(self) -> np.ndarray:
+        return np.zeros(self.ctx.num_clients, dtype=np.int64)  # until the first picks
+
+    def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> None:
         super().setup(facts, uploads)
-        first, ctx = facts[0], self.ctx
-        for j in range(self.opts.num_clusters):
-            with seeded(ctx, tag=0x1FCA + j):  # K independent starts, the same every run
-                model = build_model(
-                    first.arch,
-                    ctx.num_classes,
-                    feature_dim=ctx.feature_dim,
-                    in_channels=first.in_channels,
-                    image_size=first.image_size,
-                ).to(ctx.device)
-            self.models[j] = model_message(model)
-        return self.message()
+        self.models = {
+            j: cluster_start(self.ctx, facts[0], self.start, j)
+            for j in range(self.opts.num_clusters)
+        }
 
     def aggregate(self, round_index: int, uploads: dict[int, Message]) -> None:
         self.assignment = np.array([int(uploads[i][PICK_KEY]) for i in sorted(uploads)])
@@ -114,4 +109,7 @@ class IFCAServer(ClusteredServer):
         return super().round_metrics() | {"assignment": self.assignment.tolist()}
 
 
-IFCA = register(Algorithm("ifca", IFCAClient, IFCAServer, IFCAOptions, settings=("pfl",)))
+# Revision 1: model 0 is client 0's weights, models k >= 1 the clustered methods' starts.
+IFCA = register(
+    Algorithm("ifca", IFCAClient, IFCAServer, IFCAOptions, settings=("pfl",), revision=1)
+)

@@ -1,7 +1,7 @@
 """PACFL (Vahidian et al., AAAI 2023): one-shot clustering by principal angles between the
 clients' data subspaces, then FedAvg inside each cluster.
 
-Each client sends, with its first upload, an orthonormal basis of the span of the ``rank``
+Each client sends, in set-up, an orthonormal basis of the span of the ``rank``
 leading left singular vectors of its data (per class, as the authors' code, or for all its
 data; `fedtsp.algorithms.clustering.subspaces`). The server measures the principal angles between
 every two clients' subspaces, reduces them to a distance (``angle_statistic``, radians) and
@@ -78,6 +78,7 @@ class PACFLServer(ClusteredServer):
 
 
 # Revision 1: the defaults became PACFL's own threshold rule (was FMCL's silhouette).
+# Revision 2: subspaces sent in set-up, cluster k starts from `cluster_start(k)`.
 PACFL = register(
-    Algorithm("pacfl", PACFLClient, PACFLServer, PACFLOptions, settings=("pfl",), revision=1)
+    Algorithm("pacfl", PACFLClient, PACFLServer, PACFLOptions, settings=("pfl",), revision=2)
 )

@@ -9,7 +9,12 @@ Kinds (`PopulationSpec.kind`):
   every client of group g holds only classes of set g. ``grouping="semantic"`` deals the
   dataset's semantic groups round-robin (CIFAR-100: the 20 superclasses, so 4 groups get 5
   superclasses = 25 fine classes each; CIFAR-10: animals / vehicles), ``"contiguous"`` cuts
-  the label range into equal blocks.
+  the label range into equal blocks. With ``overlap`` > 0 the groups' class sets overlap in
+  a ring: group g also holds the first ``overlap`` share of group g+1's set (mod G), and
+  every shared class's samples are dealt evenly between the groups holding it, so no sample
+  is in two clients. ``overlap=1``: every class in exactly two groups, neighbouring groups
+  share half their classes, the others none (clustering is then not trivial: label sets
+  alone do not separate the groups).
 * ``"mixed-domain"``: several datasets (default CIFAR-10 and Fashion-MNIST); group = dataset.
   Images are brought to ``image_size`` (bilinear) and 3 channels (grey repeated). With
   ``label_space="shared"`` (default) label k of every domain is output k of one 10-way head
@@ -69,6 +74,7 @@ class PopulationSpec:
     grouping: str = "semantic"
     label_space: str = "shared"
     within_group_alpha: float | None = None  # None: IID inside a group
+    overlap: float = 0.0  # label-groups: share of group g+1's classes group g also holds
     image_size: int = 32
     train_ratio: float = 0.75
     seed: int = 1  # the protocol's partition seed
@@ -102,6 +108,10 @@ class PopulationSpec:
             bad("fraction", self.fraction, "it must be in (0, 1]")
         if self.within_group_alpha is not None and not self.within_group_alpha > 0:
             bad("within_group_alpha", self.within_group_alpha, "it must be > 0 or None (IID)")
+        if not (isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1):
+            bad("overlap", self.overlap, "it must be in [0, 1]")
+        if self.overlap and self.kind != "label-groups":
+            bad("overlap", self.overlap, "only label-groups populations overlap")
         if not isinstance(self.image_size, int) or self.image_size < 16:
             bad("image_size", self.image_size, "it must be an integer >= 16")
         if not 0 < self.train_ratio < 1:
@@ -121,6 +131,11 @@ class PopulationSpec:
 POPULATIONS: dict[str, PopulationSpec] = {
     # CIFAR-100 clients from 4 disjoint sets of 5 superclasses (25 fine classes each).
     "label-groups": PopulationSpec(kind="label-groups", datasets=("cifar100",), num_groups=4),
+    # The same 4 groups, each also holding the next group's 25 classes (50 classes a group,
+    # every class in two groups): the label groups overlap, as real populations do.
+    "overlapping-labels": PopulationSpec(
+        kind="label-groups", datasets=("cifar100",), num_groups=4, overlap=1.0
+    ),
     # CIFAR-10 clients and Fashion-MNIST clients (32x32 RGB), one shared 10-way label space.
     "mixed-domain": PopulationSpec(kind="mixed-domain", datasets=("cifar10", "fmnist")),
 }
@@ -224,6 +239,34 @@ def _class_sets(spec: PopulationSpec, ds: ImageDataset) -> tuple[list[list[int]]
     return [sorted(s) for s in sets], ["+".join(g) for g in names]
 
 
+def _with_overlap(sets: list[list[int]], names: list[str], overlap: float):
+    """Group g's classes and the lowest-numbered ``overlap`` share of group g+1's (a ring)."""
+    if not overlap:
+        return sets, names
+    k = len(sets)
+    extra = [sets[(g + 1) % k][: round(overlap * len(sets[(g + 1) % k]))] for g in range(k)]
+    names = [f"{names[g]} + {round(overlap * 100)}% of group {(g + 1) % k}" for g in range(k)]
+    return [sorted(set(sets[g]) | set(extra[g])) for g in range(k)], names
+
+
+def _deal_shared(
+    labels: np.ndarray, sub: np.ndarray, sets: list[list[int]], rng: np.random.RandomState
+) -> list[np.ndarray]:
+    """Every group's pool of sample indices: a class held by several groups has its samples
+    shuffled and dealt evenly between them (no sample in two groups)."""
+    pools: list[list[np.ndarray]] = [[] for _ in sets]
+    for c in np.unique(labels[sub]):
+        holders = [g for g, classes in enumerate(sets) if c in classes]
+        if not holders:
+            continue
+        idx = sub[labels[sub] == c]
+        if len(holders) > 1:  # (a class of one group draws nothing: disjoint groups as before)
+            idx = idx[rng.permutation(len(idx))]
+        for g, part in zip(holders, np.array_split(idx, len(holders)), strict=True):
+            pools[g].append(part)
+    return [np.sort(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in pools]
+
+
 def _split_group(
     labels: np.ndarray,
     pool: np.ndarray,
@@ -277,9 +320,8 @@ def build_population(
         ds = loaded[spec.datasets[0]]
         labels = np.concatenate([ds.train_labels, ds.test_labels])
         sub = stratified_subsample(labels, spec.fraction, rng)
-        sets, group_names = _class_sets(spec, ds)
-        for g, classes in enumerate(sets):
-            pool = sub[np.isin(labels[sub], classes)]
+        sets, group_names = _with_overlap(*_class_sets(spec, ds), spec.overlap)
+        for g, pool in enumerate(_deal_shared(labels, sub, sets, rng)):
             if len(pool) < 2 * len(members[g]):
                 raise PopulationError(
                     f"group {g} has only {len(pool)} samples for {len(members[g])} clients; "

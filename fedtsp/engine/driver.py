@@ -100,19 +100,20 @@ def set_up_server(
     return server.setup([replies[i].facts for i in order], {i: replies[i].upload for i in order})
 
 
-def setup_bytes(replies: dict[int, SetupReply], first: Message | None) -> dict[str, float]:
+def setup_bytes(replies: dict[int, SetupReply], first: dict[int, Message]) -> dict[str, float]:
     """The set-up's traffic per client, as the record keeps it beside the rounds'."""
     ups = [message_nbytes(r.upload) for r in replies.values()]
-    return {"bytes_up_per_client": float(np.mean(ups)), "bytes_down": float(message_nbytes(first))}
+    downs = [message_nbytes(first.get(i)) for i in replies]
+    return {"bytes_up_per_client": float(np.mean(ups)), "bytes_down": float(np.mean(downs))}
 
 
-def start(run: Run, transport: Transport) -> tuple[dict[int, SetupReply], Message | None]:
-    """A fresh run's set-up: every client's, then the server's; the first message, if any,
-    reaches every client."""
+def start(run: Run, transport: Transport) -> tuple[dict[int, SetupReply], dict[int, Message]]:
+    """A fresh run's set-up: every client's, then the server's; then each client receives
+    its first message, if any."""
     replies = transport.set_up(run.rng)
-    first = set_up_server(run.server, replies, run.rng)
-    if first is not None:
-        transport.deliver(dict.fromkeys(sorted(replies), first))
+    first = run.server.first_messages(sorted(replies), set_up_server(run.server, replies, run.rng))
+    if first:
+        transport.deliver(first)
     return replies, first
 
 
@@ -169,6 +170,7 @@ def drive(
     cfg = run.config
     schedule = CheckpointSchedule(cfg, checkpoint_every, stop_after)
     path = store.checkpoint_path(run.key)
+    setup_start = time.perf_counter()
     if path.exists() and not force:
         if not resume:
             store.refuse_unfinished(run.key)
@@ -182,7 +184,8 @@ def drive(
             i: SetupReply(ClientFacts.from_json(facts), upload)
             for i, (facts, upload) in saved["setup"].items()
         }
-        first = set_up_server(run.server, replies, run.rng)
+        broadcast = set_up_server(run.server, replies, run.rng)
+        first = run.server.first_messages(sorted(replies), broadcast)
         run.server.load_state_dict(saved["server"])
         transport.restore(run.rng, saved["clients"], saved["pending"])
         done, history = saved["round"] + 1, saved["history"]
@@ -190,6 +193,7 @@ def drive(
     else:
         replies, first = start(run, transport)
         done, history = 0, []
+    setup_seconds = time.perf_counter() - setup_start  # (one-shot methods embed, cluster here)
     loop = RoundLoop(run.server, transport, cfg, sorted(replies))
 
     def checkpoint(t: int, row: dict[str, Any]) -> None:
@@ -226,7 +230,7 @@ def drive(
         time.perf_counter() - wall_start,
         environment,
         extra() if extra is not None else None,
-        setup_bytes(replies, first),
+        setup_bytes(replies, first) | {"seconds": setup_seconds},
     )
     if failed:
         store.save_incomplete(record)

@@ -95,7 +95,7 @@ def federated_record(
         | (environment or {}),
         "dataset": {k: dataset[k] for k in ("name", "source", "checksum", "classes")},
         "partition": partition,
-        **({"setup": setup} if setup else {}),  # the set-up messages' bytes (setup_bytes)
+        **({"setup": setup} if setup else {}),  # the set-up's bytes (setup_bytes) and seconds
         "history": history,
         "summary": summary if history else {},
         "timings": timing_totals(history, wall_seconds),

@@ -141,7 +141,7 @@ class PreparedRun:
     data: ClientData
     transport: InProcess
     server: ServerHalf
-    first_broadcast: Message | None
+    first: dict[int, Message]  # what each client received after set-up
     setup: dict[str, float]  # the set-up messages' bytes (engine.driver.setup_bytes)
 
     @property

@@ -63,19 +63,41 @@ def _merged(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def analysis_plan_files(profile: Profile) -> list[Path]:
+    """The profile's analysis plan files (`fedtsp/paper/claims/<file>`): the plan, then its
+    addenda in the order written (none for a profile without a plan)."""
+    names = profile.extra.get("analysis_plan", [])
+    paths = [
+        PROFILES_FILE.parent / "claims" / str(n)
+        for n in ([names] if isinstance(names, str) else names)
+    ]
+    for path in paths:
+        if not path.is_file():
+            raise ConfigError(
+                f"profile {profile.name!r} reads its seeds from the analysis plan {path.name}, "
+                "which is missing; write it with: python -m fedtsp.paper.claims.analysis_plan"
+            )
+    return paths
+
+
 def analysis_plan_data(profile: Profile) -> dict[str, Any] | None:
-    """The profile's analysis plan as committed (`fedtsp/paper/claims/<file>`), or None for
-    a profile without one."""
-    name = profile.extra.get("analysis_plan")
-    if name is None:
+    """The profile's analysis plan as committed, its addenda's parts and groups appended
+    (a group two files name runs the larger number of seeds), or None without a plan."""
+    paths = analysis_plan_files(profile)
+    if not paths:
         return None
-    path = PROFILES_FILE.parent / "claims" / str(name)
-    if not path.is_file():
-        raise ConfigError(
-            f"profile {profile.name!r} reads its seeds from the analysis plan {path.name}, "
-            "which is missing; write it with: python -m fedtsp.paper.claims.analysis_plan"
-        )
-    return json.loads(path.read_text())
+    plan = json.loads(paths[0].read_text())
+    for path in paths[1:]:
+        addendum = json.loads(path.read_text())
+        plan["parts"] = plan["parts"] + addendum["parts"]
+        seeds = group_seeds(plan)
+        for group in addendum["groups"]:
+            if group["id"] in seeds:
+                seeds[group["id"]] = max(seeds[group["id"]], int(group["seeds"]))
+            else:
+                plan["groups"] = [*plan["groups"], group]
+        plan["groups"] = [g | {"seeds": seeds.get(g["id"], g["seeds"])} for g in plan["groups"]]
+    return plan
 
 
 def group_seeds(plan: dict[str, Any]) -> dict[str, int]:

@@ -28,6 +28,7 @@ from typing import Any
 from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.config import ConfigError
 from fedtsp.core.paths import portable_path, scrub_paths
+from fedtsp.core.results import RunStore
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
@@ -158,8 +159,10 @@ def reproduce(
     workers: int | None = None,
     progress: bool = True,
     allow_partial: bool = False,
+    prune: bool = False,
 ) -> int:
-    """Regenerate the profile's tables and figures; returns the process exit status."""
+    """Regenerate the profile's tables and figures; returns the process exit status.
+    ``prune``: delete the store's records no notebook uses (all notebooks selected)."""
     profile = load_profile(profile_name)
     results_root = Path(results_root).resolve()
     notebooks = find_notebooks(Path(notebooks_dir), only)
@@ -176,6 +179,15 @@ def reproduce(
     try:
         records = run_all(specs, source, results_root / profile.name / "runs", workers, progress)
         run_keys = {rec["key"] for rec in records}
+        unused = unused_records(RunStore(results_root / profile.name / "runs"), run_keys)
+        if unused and prune:
+            for path in unused:
+                path.unlink()
+            print(f"pruned {len(unused)} stored files no notebook of the profile uses")
+        elif unused:
+            print(
+                f"{len(unused)} stored files no notebook of the profile uses (--prune deletes them)"
+            )
     except RunsFailed as exc:  # the notebooks then report which of their runs are missing
         runs_error = scrub_paths(str(exc))
         print(runs_error)
@@ -209,6 +221,12 @@ def reproduce(
         + "\n",
     )
     return _report(profile, results, total, runs_seconds, runs_error, allow_partial)
+
+
+def unused_records(store: RunStore, keys: set[str]) -> list[Path]:
+    """The store's files (records, their artifacts) whose run key is not in ``keys``."""
+    files = sorted(p for p in store.root.glob("*") if p.is_file())
+    return [p for p in files if p.name.split(".")[0] not in keys]
 
 
 def _write_summary(folder: Path, profile: Profile, results, run_keys, runs_error: str) -> None:

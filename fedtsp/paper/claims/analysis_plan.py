@@ -49,7 +49,7 @@ import pandas as pd
 from scipy.stats import chi2
 
 from fedtsp.core.atomic import atomic_write_text
-from fedtsp.core.config import ConfigError
+from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore, _git
 from fedtsp.paper.claims.findings import convergence_comparison, heterogeneity_comparison
@@ -70,6 +70,7 @@ from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import (
     Profile,
     analysis_plan_data,
+    analysis_plan_files,
     group_seeds,
     load_profile,
     notebook_parameters,
@@ -483,32 +484,77 @@ def budget_seconds(profile: Profile, longest: float = 0.0, hours: float = BUDGET
     return (hours * 3600 - notebooks) * profile.workers - longest * (profile.workers - 1)
 
 
-def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
-    """The plan as written to `PLAN_FILE`."""
-    profile = load_profile(profile_name)
+def _all_parts(profile: Profile) -> tuple[list[Group], list[PlannedPart]]:
+    """The profile's groups of runs and every part its notebooks judge, before the budget."""
     groups = profile_groups(profile, profile.workers)
     pilot = json.loads(PILOT.read_text())
     claims, table1 = screening()
     screened_rounds = load_profile(SCREENING.name).base["rounds"]
     parts = build_parts(groups, pilot, claims, table1, profile.base["rounds"] / screened_rounds)
+    return groups, parts
+
+
+def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
+    """The plan as written to `PLAN_FILE`."""
+    profile = load_profile(profile_name)
+    groups, parts = _all_parts(profile)
     # Costs are per run at the profile's workers; the budget is in all workers' seconds.
     seconds = {g.id: g.seconds for g in groups}
-    budget = budget_seconds(profile, max(seconds.values()))
+    return _allocated(profile, groups, parts, budget_seconds(profile, max(seconds.values())))
+
+
+def build_addendum(scope: str, hours: float, profile_name: str = PROFILE) -> dict[str, Any]:
+    """An addendum to the committed plan: the parts at `scope` (a population or dataset the
+    plan predates) that the plan lacks, planned from today's screening runs within `hours`
+    at the profile's workers. The plan itself is left as it is: its records keep their
+    standing, and the addendum's groups are judged only on runs made after its commit."""
+    profile = load_profile(profile_name)
+    groups, parts = _all_parts(profile)
+    planned = {
+        (p["claim"], p["scope"], p["comparison"])
+        for p in json.loads(PLAN_FILE.read_text())["parts"]
+    }
+    new = [p for p in parts if p.scope == scope and (p.claim, p.scope, p.comparison) not in planned]
+    if not new:
+        raise ConfigError(f"no part at scope {scope!r} is missing from {PLAN_FILE.name}")
+    used = {g for p in new for g in p.groups}
+    groups = [g for g in groups if g.id in used]
+    longest = max(g.seconds for g in groups)
+    budget = hours * 3600 * profile.workers - longest * (profile.workers - 1)
+    return {"addendum_to": PLAN_FILE.name, "scope": scope} | _allocated(
+        profile, groups, new, budget, hours
+    )
+
+
+def _allocated(
+    profile: Profile,
+    groups: list[Group],
+    parts: list[PlannedPart],
+    budget: float,
+    hours: float = BUDGET_HOURS,
+) -> dict[str, Any]:
+    """The plan's file content: `parts` given seeds within `budget` run-seconds."""
+    seconds = {g.id: g.seconds for g in groups}
+    # A part needing more seeds than the profile lists cannot be run, whatever the budget.
+    parts = [
+        dataclasses.replace(p, status=OVER_BUDGET)
+        if not p.status and p.seeds is not None and p.seeds > len(profile.seeds)
+        else p
+        for p in parts
+    ]
     testable = [p for p in parts if not p.status]
     allocated, seeds = allocate(testable, seconds, budget)
     by_key = {(p.claim, p.scope, p.comparison): p for p in allocated}
     parts = [by_key.get((p.claim, p.scope, p.comparison), p) for p in parts]
-    if max(seeds.values(), default=0) > len(profile.seeds):
-        raise ConfigError(f"the plan asks for more seeds than profile {profile_name} lists")
     spent = sum(n * seconds[g] for g, n in seeds.items())
     return {
-        "profile": profile_name,
+        "profile": profile.name,
         "schedule": {k: profile.base[k] for k in ("rounds", "local_epochs")},
         "seeds": profile.seeds,
         "power": POWER,
         "alpha": ALPHA,
         "sd_confidence": SD_CONFIDENCE,
-        "budget_hours": BUDGET_HOURS,
+        "budget_hours": hours,
         "workers": profile.workers,
         "budget_run_seconds": round(budget, 1),
         "planned_run_seconds": round(spent, 1),
@@ -535,15 +581,27 @@ def _part_json(p: PlannedPart) -> dict[str, Any]:
 
 
 def report(plan: dict[str, Any]) -> str:
-    """analysis_plan.md: the plan for a reader."""
+    """analysis_plan.md (or an addendum's page): the plan for a reader."""
     hours = plan["planned_run_seconds"] / plan["workers"] / 3600
     budget = plan["budget_run_seconds"] / plan["workers"] / 3600
+    if "addendum_to" in plan:
+        title = f"Addendum to the analysis plan: {plan['scope']} (profile `{plan['profile']}`)"
+        written = (
+            f"`python -m fedtsp.paper.claims.analysis_plan --addendum {plan['scope']}` from "
+            f"the cpu profile's screening runs (seeds 0-2), after the plan ({plan['addendum_to']}, "
+            "unchanged) and before any run of these groups at the profile's seeds"
+        )
+    else:
+        title = "Analysis plan of the cpu evidence (profile `evidence`)"
+        written = (
+            "`python -m fedtsp.paper.claims.analysis_plan` from the pilot "
+            "(`results/pilot/pilot.json`) and the cpu profile's screening runs (seeds 0-2), "
+            "before any run of the profile"
+        )
     lines = [
-        "# Analysis plan of the cpu evidence (profile `evidence`)",
+        f"# {title}",
         "",
-        "Written by `python -m fedtsp.paper.claims.analysis_plan` from the pilot "
-        "(`results/pilot/pilot.json`) and the cpu profile's screening runs (seeds 0-2), "
-        "before any run of the profile. Every part below is judged on the profile's seeds "
+        f"Written by {written}. Every part below is judged on the profile's seeds "
         f"(from {plan['seeds'][0]} up) at {plan['schedule']['rounds']} rounds x "
         f"{plan['schedule']['local_epochs']} local epochs; seeds per part: the fewest for "
         f"{plan['power']:.0%} power at level {plan['alpha']:g} / parts of the claim (Holm's "
@@ -590,9 +648,27 @@ def plan_commit(path: Path = PLAN_FILE) -> str | None:
     return _git(["log", "-1", "--format=%H", "--", str(path)], REPO_ROOT)
 
 
-def check(results_dir: Path, plan: AnalysisPlan, commit: str | None) -> list[str]:
+def addendum_commits(profile: Profile | str) -> dict[str, str | None]:
+    """Group id -> the commit of the addendum that gave it seeds (the profile's addenda)."""
+    prof = profile if isinstance(profile, Profile) else load_profile(profile)
+    out: dict[str, str | None] = {}
+    for path in analysis_plan_files(prof)[1:]:
+        commit = plan_commit(path)
+        for group in json.loads(path.read_text())["groups"]:
+            if group["seeds"]:
+                out[group["id"]] = commit
+    return out
+
+
+def check(
+    results_dir: Path,
+    plan: AnalysisPlan,
+    commit: str | None,
+    addenda: dict[str, str | None] | None = None,
+) -> list[str]:
     """What in a planned profile's outputs breaks the plan: a judged part it lacks, a
-    planned part not judged, a record whose code does not descend from `commit`."""
+    planned part not judged, a record whose code does not descend from `commit`, or, for
+    a group an addendum planned (`addenda`: group id -> its commit), from the addendum's."""
     problems = []
     csv = results_dir / "claims.csv"
     if csv.is_file():
@@ -610,9 +686,16 @@ def check(results_dir: Path, plan: AnalysisPlan, commit: str | None) -> list[str
     if runs.is_dir():
         for record in RunStore(runs).records():
             code = record.get("git_commit")
-            if commit is None or code is None or not _descends(code, commit):
+            needed, what = commit, "plan"
+            if addenda and "config" in record:  # (an addendum's commit descends from the plan's)
+                group = seed_group(RunConfig.from_dict(record["config"]))
+                needed, what = (
+                    addenda.get(group, commit),
+                    "addendum" if group in addenda else "plan",
+                )
+            if needed is None or code is None or not _descends(code, needed):
                 problems.append(f"run {record.get('key')} comes from code {code}, not after "
-                                f"the plan's commit {commit}")  # fmt: skip
+                                f"the {what}'s commit {needed}")  # fmt: skip
     return problems
 
 
@@ -630,23 +713,36 @@ def main(argv: list[str] | None = None) -> int:
         help="overwrite the committed plan (it is pre-registered: records made before the "
         "new plan's commit no longer count)",
     )
+    parser.add_argument(
+        "--addendum",
+        metavar="SCOPE",
+        help="plan the parts at SCOPE (e.g. a population added after the plan) that the "
+        "plan lacks, in an addendum file of their own; the plan is left unchanged",
+    )
+    parser.add_argument(
+        "--hours", type=float, default=1.0, help="--addendum: its budget (default 1 h)"
+    )
     args = parser.parse_args(argv)
-    if PLAN_FILE.is_file() and not args.replace:
+    path, page = PLAN_FILE, REPORT
+    if args.addendum:
+        name = f"analysis_plan_{args.addendum.replace('-', '_')}"
+        path, page = PLAN_FILE.with_name(f"{name}.json"), REPORT.with_name(f"{name}.md")
+    if path.is_file() and not args.replace:
         print(
-            f"{PLAN_FILE.name} exists and is pre-registered: its runs are judged by it. "
+            f"{path.name} exists and is pre-registered: its runs are judged by it. "
             "Rebuilding it from today's inputs may change it; pass --replace to do so anyway.",
             file=sys.stderr,
         )
         return 2
-    plan = build_plan()
-    atomic_write_text(PLAN_FILE, json.dumps(plan, indent=1) + "\n")
-    atomic_write_text(REPORT, report(plan))
+    plan = build_addendum(args.addendum, args.hours) if args.addendum else build_plan()
+    atomic_write_text(path, json.dumps(plan, indent=1) + "\n")
+    atomic_write_text(page, report(plan))
     planned = sum(p["status"] == PLANNED for p in plan["parts"])
     print(
         f"{planned} of {len(plan['parts'])} parts planned; runs: "
         f"{plan['planned_run_seconds'] / plan['workers'] / 3600:.1f} h of "
-        f"{plan['budget_run_seconds'] / plan['workers'] / 3600:.1f} h; wrote {PLAN_FILE.name} "
-        f"and {REPORT.relative_to(REPO_ROOT)}"
+        f"{plan['budget_run_seconds'] / plan['workers'] / 3600:.1f} h; wrote {path.name} "
+        f"and {page.relative_to(REPO_ROOT)}"
     )
     return 0
 

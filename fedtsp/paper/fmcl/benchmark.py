@@ -10,14 +10,15 @@ back and `summarize_benchmark` gives one row per method: mean +- std over seeds 
 clustering's stability across seeds (mean pairwise adjusted Rand index between the
 partitions found with different seeds on the same population). IFCA needs K; unless
 ``method_options["ifca"]["num_clusters"]`` is set it gets the true number of groups (an
-advantage the automatic methods do not have; it is in the run's options).
+advantage the automatic methods do not have; it is in the run's options). PACFL's beta is
+the one tuned per population on seeds no table uses (`pacfl_beta`), where one was tuned.
 
 Metrics per run: best-round and final accuracy (sample-weighted over all clients' test
 samples) and final unweighted mean client accuracy; number of clusters; ARI and NMI of the
-found clusters against the true groups; bytes per client over the whole run (the one-shot
-upload included: FMCL's signatures and PACFL's subspaces travel with round 0's upload);
-wall seconds (all rounds) and the seconds of round 0's upload and server step, where the
-one-shot methods embed and cluster (``cluster_seconds``).
+found clusters against the true groups; bytes per client over the whole run, set-up
+included (FMCL's signatures and PACFL's subspaces travel in set-up, with every cluster's
+start); wall seconds (all rounds) and the set-up's seconds, where the one-shot methods embed
+and cluster (``cluster_seconds``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fedtsp.data import ImageDataset
 from fedtsp.data.populations import POPULATIONS
 from fedtsp.engine.runspec import check_run
 from fedtsp.paper.experiments import DataSource, RunSpec, partition_seed_of, run_all
+from fedtsp.paper.fmcl.pacfl_beta import chosen_beta
 from fedtsp.paper.statistics import cell, summarize
 
 __all__ = [
@@ -94,6 +96,8 @@ def benchmark_config(
         options |= {"encoder": encoder, "input_size": encoder_input_size}
     if method == "ifca":
         options["num_clusters"] = spec.groups
+    if method == "pacfl" and chosen_beta(population) is not None:
+        options["distance_threshold"] = chosen_beta(population)  # tuned on seeds kept out
     options |= (method_options or {}).get(method, {})
     config = RunConfig(
         dataset=spec.datasets[0],
@@ -147,7 +151,7 @@ def benchmark_row(record: dict[str, Any]) -> dict[str, Any]:
     s, config, history = record["summary"], record["config"], record["history"]
     truth = record["partition"]["groups"]
     found = (record.get("server") or {}).get("assignment") or [0] * len(truth)
-    first = history[0]["timings"]
+    setup = record.get("setup", {})
     return {
         "population": config["population"],
         "method": method_label(config),
@@ -160,10 +164,12 @@ def benchmark_row(record: dict[str, Any]) -> dict[str, Any]:
         "best_acc": s["best_acc"],
         "final_acc": s["final_acc"],
         "final_mean_client_acc": float(np.mean(history[-1]["client_acc"])),
-        "bytes_per_client": sum(
+        "bytes_per_client": setup.get("bytes_up_per_client", 0.0)
+        + setup.get("bytes_down", 0.0)
+        + sum(
             r.get("bytes_up_per_client", 0.0) + r.get("bytes_down_per_client", 0.0) for r in history
         ),
-        "cluster_seconds": first["upload"] + first["server"],
+        "cluster_seconds": setup.get("seconds", 0.0),
         "wall_seconds": record["timings"]["rounds_wall"],
         "assignment": found,
         "key": record["key"],
