@@ -228,3 +228,24 @@ def test_the_committed_plan_is_not_rebuilt_without_replace(capsys):
     assert main([]) == 2
     assert "pre-registered" in capsys.readouterr().err
     assert PLAN_FILE.read_bytes() == before
+
+
+def test_a_notebook_under_the_plan_names_the_groups_it_does_not_run_and_its_tables_say_so(
+    tmp_path,
+):
+    from fedtsp.paper.notebook import unplanned_groups
+    from fedtsp.paper.outputs import ResultsWriter
+
+    params = notebook_parameters("evidence", "03_main_table")
+    left = unplanned_groups("03_main_table", params, DataSource(params["data"]))
+    assert "cifar10, 0.1, FedGH, htfe-cpu" in left  # the plan gives FedGH no seeds
+    assert not any("FedKD" in g and "cifar10, 0.1," in g for g in left)  # F4's comparator runs
+    assert (
+        unplanned_groups("03_main_table", notebook_parameters("cpu", "03_main_table"), None) == []
+    )
+    writer = ResultsWriter(tmp_path, "03_main_table", "evidence")
+    writer.unplanned = left
+    writer.table(pd.DataFrame({"a": [1]}), "t", target="T", caption="c")
+    assert (
+        f"Under the analysis plan {len(left)} groups" in (tmp_path / "tables" / "t.md").read_text()
+    )

@@ -235,3 +235,25 @@ def test_the_readme_is_a_map_whose_links_resolve():
                 headings = re.findall(r"^#+ (.*)$", file.read_text(), re.M)
                 slugs = {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in headings}
                 assert anchor in slugs, (page.name, target)
+
+
+def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
+    wall = load_script("evidence_wall")
+    log = "\n".join(
+        [
+            "reconstructed-invocation-1 start~2026-12-05T07:00:00Z paused~600 "
+            "last-checkpoint 2026-12-05T09:00:00Z records=2 note: from its records",
+            "start 2026-12-05T10:00:00Z pid=1 records=2",
+            "beat 2026-12-05T10:30:00Z pid=1 records=3",
+            "pause 2026-12-05T10:40:00Z pids=1",
+            "beat 2026-12-05T10:50:00Z pid=1 records=3",
+            "resume 2026-12-05T11:00:00Z pids=1",
+            "beat 2026-12-05T12:00:00Z pid=1 records=9",
+            "start 2026-12-05T13:00:00Z pid=2 records=9",
+            "pause 2026-12-05T13:30:00Z pids=2",
+            "beat 2026-12-05T13:45:00Z pid=2 records=9",  # killed while paused
+        ]
+    )
+    found = wall.invocations(log)
+    assert [inv["active"] / 60 for inv in found] == [110, 100, 30]
+    assert found[0]["note"] == "from its records"

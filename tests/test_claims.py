@@ -168,6 +168,36 @@ def test_the_report_lists_every_claim_and_keeps_numbers_in_columns(tmp_path):
     assert summary.count("\n| ") == len(C.CLAIMS)
 
 
+def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data(tmp_path):
+    (tmp_path / "claims").mkdir()
+    up = {0: 61.0, 1: 62.0, 2: 61.5}, {0: 58.0, 1: 58.5, 2: 58.2}  # +3.3 points
+    down = up[1], up[0]
+    findings = [
+        C.compare("F3", "cifar10, Dir(0.1)", "a - b", *up),
+        C.compare("F4", "cifar10, Dir(0.1)", "a - c", *down),
+        C.compare("F6", "htfe2-cpu, cifar10", "a - b", *up),
+        C.compare("F6", "htfe3-cpu, cifar10", "a - b", {0: 60.0, 1: 50.0, 2: 70.0}, up[1]),
+    ]
+    C.findings_frame(C.judge(findings)).to_csv(tmp_path / "claims" / "03.csv", index=False)
+    C.write_report(tmp_path, "cpu")
+    lines = (tmp_path / "claims_bottom_line.md").read_text().split("\n\n")
+    assert lines[0].startswith("At the `cpu` profile's scale (20 rounds x 1 local epoch")
+    assert f"of {len(C.CLAIMS)} claims: 1 holds, 1 contradicted, 1 not separated, " in lines[0]
+    held = next(line for line in lines if line.startswith("**Hold:**"))
+    assert (
+        "F3 (FedTSP is more accurate than" in held
+        and "a - b +3.27 [+2.64, +3.89] points (n = 3)" in held
+    )
+    against = next(line for line in lines if line.startswith("**Contradicted:**"))
+    assert "F4 (" in against and "-3.27 [" in against
+    # A claim not separated overall says which of its parts went which way.
+    assert "F6 (1 holds, 1 not separated)" in next(x for x in lines if "Not separated" in x)
+    untested = next(line for line in lines if line.startswith("**Not testable here:**"))
+    assert "F1 (no runs)" in untested
+    text = (tmp_path / "claims.md").read_text()
+    assert text.index("## Bottom line") < text.index("**Rule.**") and lines[1] in text
+
+
 def test_holm_adjusts_in_step_down_order():
     assert C.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert C.holm([0.5]) == [0.5]

@@ -102,4 +102,25 @@ def open_notebook(
     short_errors()
     print(f"profile {profile}: {params['about'] or '(custom parameters)'}")
     print(f"data: {source.data or 'cache / torchvision download'}; run store: {params['store']}")
+    writer.unplanned = unplanned_groups(name, params, source)
+    if writer.unplanned:
+        print(
+            f"analysis plan: {len(writer.unplanned)} groups of this notebook's runs are not run "
+            f"here (no planned claim part needs them), so their rows are absent: "
+            + "; ".join(writer.unplanned)
+        )
     return Notebook(name, params, source, writer, load_plan(profile))
+
+
+def unplanned_groups(name: str, params: dict[str, Any], source: Any) -> list[str]:
+    """The labels of the notebook's groups of runs its profile's analysis plan gives no
+    seeds (none without a plan)."""
+    from fedtsp.paper.experiments import seed_group
+    from fedtsp.paper.notebook_runs import notebook_plan
+
+    if params.get("plan_seeds") is None:
+        return []
+    kept = {seed_group(s.config) for s in notebook_plan(name, params, source)}
+    every = notebook_plan(name, {**params, "plan_seeds": None}, source)
+    left = [s for s in every if seed_group(s.config) not in kept]
+    return list(dict.fromkeys(", ".join(str(v) for v in s.labels.values()) for s in left))

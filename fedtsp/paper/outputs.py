@@ -66,6 +66,7 @@ class ResultsWriter:
         self.profile = profile
         self.about = about
         self.planned = dict(planned or {})
+        self.unplanned: list[str] = []  # groups of runs the analysis plan leaves out
         self.entries: list[dict[str, Any]] = []
         self.skipped: list[dict[str, Any]] = []
         self.code = code_version()  # once: every manifest write would otherwise ask git again
@@ -163,6 +164,12 @@ class ResultsWriter:
         footer = f"\n\n{caption}\n\nProfile `{self.profile}`; runs: {len(set(runs))}."
         if notes:
             footer += f" {notes}"
+        if self.unplanned:
+            footer += (
+                f" Under the analysis plan {len(self.unplanned)} groups of this notebook's runs "
+                "are not run (no planned claim part needs them): their rows or cells are absent, "
+                "not lost (the notebook lists them)."
+            )
         if table.map(lambda v: isinstance(v, str) and v.endswith(UNCONVERGED)).any().any():
             footer += f"\n\n{UNCONVERGED_NOTE}"
         files = [base.with_suffix(".csv"), base.with_suffix(".md"), base.with_suffix(".tex")]
