@@ -30,6 +30,7 @@ from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import (
     analysis_plan_data,
+    analysis_plan_files,
     group_seeds,
     load_profile,
     notebook_parameters,
@@ -77,9 +78,9 @@ def test_the_profile_runs_the_planned_seeds_of_each_group():
     for nb in find_notebooks(NOTEBOOKS_DIR):
         for spec in notebook_plan(nb.stem, notebook_parameters(profile, nb.stem), source):
             counted[seed_group(spec.config)].add(spec.config.seed)
-    planned = {g["id"]: g["seeds"] for g in PLAN["groups"] if g["seeds"]}
-    assert {g: len(s) for g, s in counted.items()} == planned
-    assert all(s == set(profile.seeds[: len(s)]) for s in counted.values())  # the first n
+    planned = {g: n for g, n in group_seeds(analysis_plan_data(profile)).items() if n}
+    assert {g: len(s) for g, s in counted.items()} == planned  # the plan's and its addendum's
+    assert all(sorted(s) == list(range(10, 10 + len(s))) for s in counted.values())  # first n
     assert min(profile.seeds) >= 10  # apart from the pilot (100-102) and screening (0-2)
 
 
@@ -215,10 +216,12 @@ def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path
     profile = load_profile("evidence")
     runs, _ = make_plan(profile, find_notebooks(NOTEBOOKS_DIR), tmp_path, profile.workers)
     assert {r.source for r in runs} == {"twin"} and not any(r.stored for r in runs)
-    assert len(runs) == sum(g["seeds"] for g in PLAN["groups"])
+    assert len(runs) == sum(group_seeds(analysis_plan_data(profile)).values())
+    files = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
     hours = sum(r.seconds for r in runs) / profile.workers / 3600
-    assert hours == pytest.approx(PLAN["planned_run_seconds"] / profile.workers / 3600, rel=0.01)
-    assert hours <= PLAN["budget_hours"]
+    planned = sum(f["planned_run_seconds"] for f in files) / profile.workers / 3600
+    assert hours == pytest.approx(planned, rel=0.01)
+    assert hours <= sum(f["budget_hours"] for f in files)
 
 
 def test_the_committed_plan_is_not_rebuilt_without_replace(capsys):

@@ -535,10 +535,15 @@ def _allocated(
 ) -> dict[str, Any]:
     """The plan's file content: `parts` given seeds within `budget` run-seconds."""
     seconds = {g.id: g.seconds for g in groups}
-    # A part needing more seeds than the profile lists cannot be run, whatever the budget.
+    # A part needing more seeds than its notebook lists cannot be run, whatever the budget.
+    listed = {g.id: len(notebook_parameters(profile, g.notebook)["seeds"]) for g in groups}
     parts = [
-        dataclasses.replace(p, status=OVER_BUDGET)
-        if not p.status and p.seeds is not None and p.seeds > len(profile.seeds)
+        dataclasses.replace(
+            p,
+            status=f"{NOT_TESTABLE}: needs {p.seeds} seeds, more than the "
+            f"{min(listed[g] for g in p.groups)} the profile lists",
+        )
+        if not p.status and p.seeds is not None and p.seeds > min(listed[g] for g in p.groups)
         else p
         for p in parts
     ]
@@ -598,6 +603,7 @@ def report(plan: dict[str, Any]) -> str:
             "(`results/pilot/pilot.json`) and the cpu profile's screening runs (seeds 0-2), "
             "before any run of the profile"
         )
+    less = "less one run's length" if "addendum_to" in plan else "less the notebooks' own work"
     lines = [
         f"# {title}",
         "",
@@ -607,8 +613,8 @@ def report(plan: dict[str, Any]) -> str:
         f"{plan['power']:.0%} power at level {plan['alpha']:g} / parts of the claim (Holm's "
         f"worst case), from the sd's one-sided {plan['sd_confidence']:.0%} upper bound.",
         "",
-        f"Budget: {plan['budget_hours']:g} h at {plan['workers']} workers less the "
-        f"notebooks' own work = {budget:.1f} h of runs; planned: {hours:.1f} h.",
+        f"Budget: {plan['budget_hours']:g} h at {plan['workers']} workers {less} = "
+        f"{budget:.1f} h of runs; planned: {hours:.1f} h.",
         "",
         "| claim | scope | comparison | kind | effect of interest | margin | sd (planned) "
         "| seeds | status | basis |",
