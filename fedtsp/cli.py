@@ -266,6 +266,24 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     rep.add_argument("--only", nargs="+", metavar="NN", help="notebook prefixes, e.g. 02 03")
     rep.add_argument("--workers", type=int, help="parallel runs (default: the profile's)")
+    rep.add_argument(
+        "--executor",
+        choices=["local", "ray"],
+        default="local",
+        help="where the runs execute: this machine's processes (default), or one Ray task per "
+        "run on a Ray cluster (the profile's [P.resources] size each task)",
+    )
+    rep.add_argument(
+        "--ray-address",
+        metavar="ADDRESS",
+        help="the Ray cluster to use (default: Ray's RAY_ADDRESS, else a Ray instance started here)",
+    )
+    rep.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="with --plan: estimate the wall time on N GPUs (a GPU profile)",
+    )
     rep.add_argument("--results", default="results", help="results root (default: results)")
     rep.add_argument("--papermill-dir", default="papermill_runs", help="executed notebooks root")
     rep.add_argument("--no-progress", dest="progress", action="store_false")
@@ -508,12 +526,21 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError("--prune needs every notebook: the others' runs would look unused")
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
+    if args.devices is not None and not args.plan:
+        raise UserError("--devices sizes a cluster with --plan; the runs themselves use --executor")
+    if args.ray_address is not None and args.executor != "ray":
+        raise UserError("--ray-address is an option of --executor ray")
+    if args.executor == "ray" and args.workers is not None:
+        raise UserError(
+            "--workers is an option of the local executor; Ray sizes its tasks "
+            "from the profile's [P.resources]"
+        )
     from fedtsp.paper.reproduce import reproduce
 
     if args.plan:
         from fedtsp.paper.plan import plan_reproduction
 
-        return plan_reproduction(args.profile, args.only, args.results, args.workers)
+        return plan_reproduction(args.profile, args.only, args.results, args.workers, args.devices)
     return reproduce(
         args.profile,
         only=args.only,
@@ -523,6 +550,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         progress=args.progress,
         allow_partial=args.allow_partial,
         prune=args.prune,
+        executor=args.executor,
+        ray_address=args.ray_address,
     )
 
 

@@ -181,3 +181,13 @@ def native_setting(algorithm: str) -> dict:
 
     setting = get_algorithm(algorithm).settings[0]
     return {} if setting == "htfl" else {"setting": setting, "family": "homo-cpu"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the module's tests (Ray comes with the dev extra)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()

@@ -257,3 +257,38 @@ def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
     found = wall.invocations(log)
     assert [inv["active"] / 60 for inv in found] == [110, 100, 30]
     assert found[0]["note"] == "from its records"
+
+
+def test_the_gpu_check_measures_every_part_and_its_output_feeds_the_plan(tmp_path, monkeypatch):
+    """At a toy size on the CPU (the script's own check): every architecture's speeds and
+    FLOPs, a round per method whose model TFLOP/s is its training work over its seconds,
+    and an output `fedtsp reproduce --plan` reads as the GPU calibration."""
+    from fedtsp.paper import plan
+
+    gpu_check = load_script("gpu_check")
+    out = tmp_path / "gpu_check.json"
+    assert gpu_check.main(["--device", "cpu", "--quick", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert {"command", "code", "machine"} <= set(result)
+    assert set(result["architectures"]) == {"fedavgcnn_s", "cnn3_s", "resnet4", "resnet10_s"}
+    for row in result["architectures"].values():
+        assert row["train_gflop_per_image"] > 0.001
+        for precision in ("fp32", "bf16"):
+            assert row[precision]["train_images_per_s"] > 10
+            assert row[precision]["infer_images_per_s"] > 10
+    assert set(result["rounds"]) == {"FedTSP-MiniLM", "FedProto"}
+    for r in result["rounds"].values():
+        assert r["train_images"] > 100 and 0 < r["train_seconds"] <= r["round_seconds"]
+        assert 0 < r["model_tflops"] < 1  # 4 small CNNs on 2 cores
+    assert all(v > 0 for v in result["matmul_tflops"].values())
+    md = out.with_suffix(".md").read_text()
+    assert "| FedProto |" in md and "not measured (no --htfllib checkout given)" in md
+    calibration = plan.gpu_calibration(out)
+    assert calibration["speeds"]["fp32"]["resnet4"] == (
+        result["architectures"]["resnet4"]["fp32"]["train_images_per_s"],
+        result["architectures"]["resnet4"]["fp32"]["infer_images_per_s"],
+    )
+    # Without CUDA the default run writes nothing and says so.
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert gpu_check.main(["--out", str(tmp_path / "none.json")]) == 0
+    assert not (tmp_path / "none.json").exists()

@@ -320,3 +320,32 @@ def test_each_fedtsp_is_compared_with_its_own_encoders_untrained_prototypes():
     }
     assert found["FedTSP-CLIP - its untrained text prototypes"].effect.mean == pytest.approx(0.06)
     assert found["FedTSP-BERT - its untrained text prototypes"].effect.mean == pytest.approx(-0.19)
+
+
+def test_the_authors_runs_are_judged_within_the_margin_per_dataset():
+    """F17: a 0.2-point difference with little spread lies inside ± 1 point (holds); a
+    3-point drop lies wholly outside it (contradicted); the table and its reading say so."""
+    authors, paper = notebook_runs.AUTHORS_RUNS
+    spread = [0.1, -0.1, 0.05, -0.05, 0.0, 0.02]
+    rows = []
+    for ds, shift in (("cifar10", 0.2), ("cifar100", -3.0)):
+        for seed, noise in enumerate(spread):
+            rows.append({"dataset": ds, "method": paper, "seed": seed, "best_acc": 50.0 + seed})
+            rows.append(
+                {"dataset": ds, "method": authors, "seed": seed,
+                 "best_acc": 50.0 + seed + shift + noise}
+            )  # fmt: skip
+    runs = pd.DataFrame(rows)
+    findings = C.authors_runs(runs)
+    assert [(f.scope, f.kind, f.verdict) for f in findings] == [
+        ("cifar10", "within", C.HOLDS),
+        ("cifar100", "within", C.CONTRADICTED),
+    ]
+    assert findings[0].effect.mean == pytest.approx(0.2 + sum(spread) / 6)
+    table, numbers = C.authors_table(findings, runs, notebook_runs.AUTHORS_RUNS)
+    assert list(table["dataset"]) == ["cifar10", "cifar100"]
+    assert table.loc[1, f"{paper} (%)"].startswith("52.50 ±")
+    assert list(table["seeds paired"]) == [6, 6]
+    assert numbers.loc[1, "difference_mean"] == pytest.approx(-3.0 + sum(spread) / 6)
+    reading = C.authors_reading(table)
+    assert "cifar10 +0.2" in reading and "(holds)" in reading and "(contradicted)" in reading

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -143,3 +144,70 @@ def test_cli_plan_runs_nothing(tmp_path, capsys):
     assert not (tmp_path / "smoke" / "runs").exists() or not any(
         (tmp_path / "smoke" / "runs").glob("*.json")
     )
+
+
+def test_makespan_puts_the_longest_runs_first_and_shares_a_device_by_its_fraction():
+    assert plan.makespan([(10.0, 1.0)] * 3, devices=2) == 20.0
+    assert plan.makespan([(10.0, 0.5)] * 4, devices=1) == 20.0  # two at a time on one
+    assert plan.makespan([(10.0, 0.5)] * 4, devices=2) == 10.0
+    # 30 s on one device; the three halves share the other: 10 + 10
+    assert plan.makespan([(10.0, 0.5), (30.0, 1.0), (10.0, 0.5), (10.0, 0.5)], 2) == 30.0
+    assert plan.makespan([], devices=4) == 0.0
+
+
+def test_devices_size_a_gpu_profile_from_the_committed_gpu_check(tmp_path, monkeypatch, capsys):
+    paper = load_profile("paper")
+    notebooks = find_notebooks(NOTEBOOKS_DIR, ["02"])
+    monkeypatch.setattr(plan, "device_available", lambda device: device == "cpu")
+    monkeypatch.setattr(plan, "GPU_CHECK", tmp_path / "gpu_check.json")  # none yet
+    argv = ["reproduce", "--profile", "paper", "--only", "02", "--plan", "--results"]
+    assert main([*argv, str(tmp_path), "--devices", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "No GPU calibration for" in out and "families htfe9)" in out
+    assert "python benchmarks/gpu_check.py" in out
+
+    # A GPU check that measured 1000 training and 5000 inference images/s everywhere.
+    runs, _ = plan.make_plan(paper, notebooks, tmp_path, workers=1)
+    archs = {arch for run in runs for arch in run.images}
+    speeds = {"train_images_per_s": 1000.0, "infer_images_per_s": 5000.0}
+    gpu = {"device": "Test GPU", "architectures": {a: {"fp32": speeds} for a in archs}}
+    (tmp_path / "gpu_check.json").write_text(json.dumps(gpu))
+    assert main([*argv, str(tmp_path), "--devices", "8"]) == 0
+    out = capsys.readouterr().out
+    seconds = [sum(t / 1000 + e / 5000 for t, e in r.images.values()) for r in runs]
+    wall = plan.makespan([(s, 1.0) for s in seconds], 8)  # HtFE9: a whole GPU per run
+    assert wall < sum(seconds) / 7  # 24 runs spread over 8 GPUs
+    assert f"Estimated wall time of the new runs: {plan._hours(wall)} on 8 GPUs" in out
+    assert f"({sum(seconds) / 3600:.1f} GPU-hours;" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--profile", "smoke", "--plan", "--devices", "2"], "--devices counts GPUs"),
+        (["--profile", "paper", "--devices", "2"], "--devices sizes a cluster with --plan"),
+        (["--profile", "smoke", "--ray-address", "x:1"], "--ray-address is an option of"),
+        (["--profile", "smoke", "--executor", "ray", "--workers", "2"], "--workers is an option"),
+    ],
+)
+def test_bad_cluster_options_fail_in_one_line(argv, message, capsys):
+    assert main(["reproduce", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_progress_estimates_the_finish_from_the_plans_estimates(capsys):
+    """What is left (waiting runs' estimates, running runs' estimates less their time so
+    far) over the runs running now; unknown as soon as one run has no estimate."""
+    from fedtsp.paper.executors import BatchProgress
+
+    progress = BatchProgress({"a": 100.0, "b": 100.0, "c": 50.0, "d": 40.0}, show_bar=False)
+    progress.finished("d", "run d")
+    progress.running.update({"a": 1000.0 - 30.0, "b": 1000.0 - 10.0})
+    assert progress.remaining_seconds(now=1000.0) == (50.0 + 70.0 + 90.0) / 2
+    assert progress.status().startswith("1/4 done, 2 running, 1 left; finish ~ ")
+    progress.finished("a", "run a", error="boom")
+    assert progress.status().startswith("1/4 done, 1 running, 1 left, 1 failed")
+    assert "FAILED: boom" in capsys.readouterr().out
+    unknown = BatchProgress({"a": 10.0, "b": None}, show_bar=False)
+    assert unknown.remaining_seconds() is None and "finish" not in unknown.status()

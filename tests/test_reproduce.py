@@ -15,8 +15,11 @@ import pandas as pd
 import pytest
 
 from fedtsp.core.paths import REPO_ROOT
+from fedtsp.paper.experiments import run_all
 from fedtsp.paper.profiles import load_profile, notebook_parameters
-from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks, reproduce
+from fedtsp.paper.ray_executor import RayExecutor
+from fedtsp.paper.reproduce import NOTEBOOKS_DIR, collect_runs, find_notebooks, reproduce
+from fedtsp.paper.verify import compare_histories
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
@@ -47,6 +50,7 @@ EXPECTED = {
         "(5) LLM descriptions + trainable prompts (FedTSP)",
     ],
     "tables/table2_controls.csv": ["minilm"],
+    "tables/table2_authors_runs.csv": ["cifar10"],
     "tables/fig5_prompt_richness.csv": ["manual", "short", "long"],
     "tables/fig5_right_llm_robustness.csv": None,
     "figures/fig1e_semantic_alignment.png": None,
@@ -92,10 +96,27 @@ def test_every_notebook_has_a_parameters_cell_and_no_outputs():
         setup = code[code.index(tagged[0]) + 1].source
         assert f'nb = open_notebook("{path.stem}", profile, results_root, overrides)' in setup
         used = {m for c in code for m in re.findall(r"\bnb\.(\w+)", re.sub("#.*", "", c.source))}
-        used -= {"source", "writer", "params", "name", "plan"}
+        used -= {"source", "writer", "params", "name", "plan", "runs"}
         for profile in ("smoke", "cpu", "evidence", "paper"):
             missing = used - set(notebook_parameters(profile, path.stem))
             assert not missing, (path.name, profile, missing)
+
+
+def test_every_notebook_runs_what_the_batch_runner_plans_and_no_more(tmp_path):
+    """Under an analysis plan (the evidence profile) a notebook asks for the plan's seeds of
+    each group, as `fedtsp reproduce` planned them, never every seed of every group."""
+    from fedtsp.paper import notebook_runs
+    from fedtsp.paper.notebook import open_notebook
+
+    for path in NOTEBOOKS[1:]:  # 01 runs no experiment
+        code = "".join(c.source for c in nbformat.read(path, as_version=4).cells)
+        assert "specs = nb.runs()" in code, path.name
+        assert "(nb.params, nb.source)" not in code, path.name
+    nb = open_notebook("08_fmcl", "evidence", str(tmp_path))
+    planned = notebook_runs.notebook_plan("08_fmcl", nb.params, nb.source)
+    every = notebook_runs.fmcl_benchmark(nb.params, nb.source)
+    assert [s.config for s in nb.runs()] == [s.config for s in planned]
+    assert 100 < len(planned) < len(every) / 5
 
 
 def test_a_notebook_opened_as_it_is_shows_the_committed_cpu_results_and_runs_nothing(tmp_path):
@@ -214,6 +235,24 @@ def test_second_reproduction_is_served_from_the_store_and_changes_no_byte(smoke)
         text = data.decode("utf-8", errors="replace")
         for path in (str(REPO_ROOT), str(REPO_ROOT.parent) + "/", str(Path.home()) + "/"):
             assert path not in text, (name, path)
+
+
+@pytest.mark.slow
+def test_the_ray_executor_gives_the_records_of_the_local_one(smoke, ray_cluster, tmp_path):
+    """Every run of the smoke profile again, as Ray tasks on a local 2-CPU cluster: the
+    same keys and, round by round, the same histories as the local executor's."""
+    root, _ = smoke
+    profile = load_profile("smoke")
+    specs, source = collect_runs(profile, find_notebooks(NOTEBOOKS_DIR), root / "results")
+    local = run_all(specs, source, root / "results" / "smoke" / "runs", progress=False)
+    assert all(r["cache_hit"] for r in local) and len({r["key"] for r in local}) >= 60
+    on_ray = run_all(
+        specs, source, tmp_path / "runs", progress=False, executor=RayExecutor(profile)
+    )
+    assert not any(r["cache_hit"] for r in on_ray)
+    for ours, theirs in zip(local, on_ray, strict=True):
+        assert ours["key"] == theirs["key"]
+        assert compare_histories(ours["history"], theirs["history"]) == ({}, None), ours["key"]
 
 
 def _reproduce_with_cell(tmp_path, source: str, after: str | None, **options) -> int:

@@ -14,12 +14,17 @@ import torch
 from threadpoolctl import threadpool_limits
 
 
-def single_thread_worker() -> None:
-    """Initialiser of worker processes: one thread each, for torch and for the BLAS / OpenMP
-    pools of NumPy, SciPy and scikit-learn too. Left at one thread per core, those pools
+def worker_threads(threads: int) -> None:
+    """Give this worker process ``threads`` threads, in torch and in the BLAS / OpenMP pools
+    of NumPy, SciPy and scikit-learn too. Left at one thread per core, those pools
     oversubscribe the CPU when workers run side by side (AlignFed's anchor loop:
     ``python benchmarks/bench.py --part workers``)."""
-    torch.set_num_threads(1)
-    threadpool_limits(1)  # the pools loaded by now (NumPy's, torch's)
+    torch.set_num_threads(threads)
+    threadpool_limits(threads)  # the pools loaded by now (NumPy's, torch's)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = "1"  # and those loaded later (SciPy's, scikit-learn's) read these
+        os.environ[var] = str(threads)  # and those loaded later (SciPy's, scikit-learn's)
+
+
+def single_thread_worker() -> None:
+    """Initialiser of worker processes: one thread each."""
+    worker_threads(1)

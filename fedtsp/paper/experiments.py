@@ -1,29 +1,24 @@
-"""Run many experiments at once: data sources, run specs, and a (parallel) runner over the store.
+"""Run many experiments at once: data sources, run specs, and a runner over the store.
 
 The notebooks and the batch runner describe what they need as `RunSpec`s (labels for the
-tables + a `RunConfig`); `run_all` serves each one from the run store or runs it, in
-`workers` processes with one intra-op thread each (on a small CPU, two single-threaded
-runs side by side are much faster than one run with two threads).
+tables + a `RunConfig`); `run_all` serves each one from the run store or has an executor
+(`fedtsp.paper.executors`: this machine's processes, or a Ray cluster) run it.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from math import nan
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from tqdm.auto import tqdm
 
 from fedtsp.algorithms import resolve_options
 from fedtsp.core.config import ConfigError, RunConfig, stable_hash
 from fedtsp.core.environment import data_path
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore, converged
-from fedtsp.core.threads import single_thread_worker
 from fedtsp.data import (
     DatasetNotFoundError,
     ImageDataset,
@@ -32,7 +27,8 @@ from fedtsp.data import (
     synthetic_dataset,
 )
 from fedtsp.engine.runspec import check_run, data_names
-from fedtsp.engine.simulation import run_experiment, run_key
+from fedtsp.engine.simulation import run_key
+from fedtsp.paper.executors import BatchProgress, Executor, LocalExecutor, describe_run
 from fedtsp.paper.floors import record_label_prior
 from fedtsp.paper.profiles import method_specs
 from fedtsp.paper.system import dataset_hint
@@ -189,28 +185,20 @@ def partition_seed_of(value: int | str, seed: int) -> int:
     return value
 
 
-def _run_one(config: RunConfig, source: DataSource, store: str) -> dict[str, Any]:
-    datasets = source.datasets(config)
-    return run_experiment(config, dataset=datasets, out=store, resume=True, progress=False)
-
-
-def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: str) -> Any:
-    return _run_one(config, DataSource(data, per_class), store)  # data: DataSource.requested
-
-
 def run_all(
     specs: list[RunSpec],
     source: DataSource,
     store: str | Path,
     workers: int = 1,
     progress: bool = True,
+    executor: Executor | None = None,
 ) -> list[dict[str, Any]]:
     """The record of every spec, in order: from the store, else run now (interrupted runs resume).
 
-    Failed runs are reported together at the end (`RunsFailed`) after the others finished.
+    The missing runs go to ``executor`` (default: `LocalExecutor(workers)`). Failed runs
+    are reported together at the end (`RunsFailed`) after the others finished.
     """
-    if workers < 1:
-        raise ConfigError(f"workers={workers} is invalid; must be >= 1")
+    executor = LocalExecutor(workers) if executor is None else executor
     run_store = RunStore(store)
     keys = [run_key(s.config, source.datasets(s.config)) for s in specs]
     todo: dict[str, RunConfig] = {}
@@ -218,43 +206,20 @@ def run_all(
         if run_store.load(key) is None:
             todo.setdefault(key, spec.config)
     for config in todo.values():  # stored runs need no device; new ones fail here, not later
-        check_run(config)
+        check_run(config, here=executor.runs_here)
     errors: dict[str, str] = {}
     if todo:
-        bar = tqdm(total=len(todo), disable=not progress, desc="runs", unit="run")
-        bar.write(f"{len(set(keys)) - len(todo)} runs from the store, {len(todo)} to run")
-        if workers == 1:
-            for key, config in todo.items():
-                try:
-                    _run_one(config, source, str(store))
-                except Exception as exc:  # keep going: one bad run must not stop the batch
-                    errors[key] = f"{config.algorithm} on {config.dataset}: {exc}"
-                bar.update(1)
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(
-                workers, mp_context=ctx, initializer=single_thread_worker
-            ) as pool:
-                futures = {
-                    pool.submit(
-                        _run_in_worker,
-                        config,
-                        source.requested,
-                        source.synthetic_per_class,
-                        str(store),
-                    ): (key, config)
-                    for key, config in todo.items()
-                }
-                for future in as_completed(futures):
-                    key, config = futures[future]
-                    try:
-                        future.result()
-                    except Exception as exc:
-                        errors[key] = f"{config.algorithm} on {config.dataset}: {exc}"
-                    bar.update(1)
-        bar.close()
+        from fedtsp.paper.plan import run_estimates  # the plan imports this module
+
+        estimates = run_estimates(todo, source, Path(store), executor.threads_per_run)
+        bar = BatchProgress(estimates, show_bar=progress)
+        bar.say(f"{len(set(keys)) - len(todo)} runs from the store, {len(todo)} to run")
+        try:
+            errors = executor.run(todo, source, Path(store), bar)
+        finally:
+            bar.close()
     if errors:
-        lines = "\n".join(f"  {k}: {v}" for k, v in errors.items())
+        lines = "\n".join(f"  {k}: {describe_run(todo[k])}: {v}" for k, v in errors.items())
         raise RunsFailed(f"{len(errors)} of {len(todo)} runs failed:\n{lines}")
     records = [run_store.load(key) for key in keys]
     for key, record in zip(keys, records, strict=True):

@@ -72,6 +72,13 @@ class Notebook:
         self.name, self.params, self.source, self.writer = name, params, source, writer
         self.plan = plan
 
+    def runs(self) -> list[Any]:
+        """The runs this notebook needs at its profile, exactly as `fedtsp reproduce` plans
+        them: under an analysis plan, each group of runs with the plan's seeds only."""
+        from fedtsp.paper.notebook_runs import notebook_plan
+
+        return notebook_plan(self.name, self.params, self.source)
+
     def __getattr__(self, key: str) -> Any:
         try:
             return self.__dict__["params"][key]

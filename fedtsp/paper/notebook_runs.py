@@ -85,11 +85,14 @@ ABLATION_ROWS = (
     ("(5) LLM descriptions + trainable prompts (FedTSP)", "long", True),
 )
 LOCAL_ROW = "(1) local only"
+# Table 2's extra rows: every choice of the authors' code at once beside the paper's reading.
+AUTHORS_RUNS = ("FedTSP (authors' runs)", "FedTSP-MiniLM")
 
 
 def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
-    """Table 2 (rows x text encoders, and the semantic controls beside row 2) and Fig. 5
-    left (prompt variants x datasets)."""
+    """Table 2 (rows x text encoders, and the semantic controls beside row 2), the authors'
+    runs beside the paper's reading per dataset, and Fig. 5 left (prompt variants x
+    datasets)."""
     dataset, alpha = params["dataset"], params["alpha"]
     specs = []
     if dataset in source.split([dataset])[0]:
@@ -129,6 +132,10 @@ def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:
                     alpha=alpha,
                     algo_options=options,
                 )
+    for ds in source.split(params["authors_datasets"])[0]:
+        for method in AUTHORS_RUNS:
+            labels = {"part": "authors", "dataset": ds, "method": method}
+            specs += _per_seed(params, method, labels, dataset=ds, alpha=alpha)
     datasets, _ = source.split(params["prompt_datasets"])
     for ds in datasets:
         for variant in params["prompt_variants"]:

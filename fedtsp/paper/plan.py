@@ -23,17 +23,19 @@ architecture instead, to multiply by the device's speed.
 
 from __future__ import annotations
 
+import heapq
 import json
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from fedtsp.core.config import ConfigError, RunConfig
-from fedtsp.core.paths import REPO_ROOT
+from fedtsp.core.paths import REPO_ROOT, portable_path
 from fedtsp.core.results import RunStore
 from fedtsp.engine.build import global_test_indices, partition_dataset
 from fedtsp.engine.loop import global_eval_due
@@ -41,7 +43,7 @@ from fedtsp.engine.simulation import run_key
 from fedtsp.models.families import build_model, client_architecture
 from fedtsp.paper.experiments import DataSource, RunSpec, config_hash_without
 from fedtsp.paper.notebook_runs import notebook_plan
-from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
+from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters, run_resources
 
 
 @dataclass
@@ -57,6 +59,9 @@ class PlannedRun:
     # the client-model work at the calibrated speeds (a lower bound).
     source: str | None = None
 
+
+# The GPU check's output (benchmarks/gpu_check.py), committed by a session lent a GPU.
+GPU_CHECK = REPO_ROOT / "benchmarks" / "results" / "gpu_check.json"
 
 # Fields a run's cost per round does not depend on.
 SCHEDULE = ("rounds", "local_epochs", "global_eval_every")
@@ -180,6 +185,81 @@ def device_available(device: str) -> bool:
     return not device.startswith("cuda") or torch.cuda.is_available()
 
 
+def gpu_calibration(path: Path | None = None) -> dict[str, Any] | None:
+    """The committed GPU check's speeds (`benchmarks/gpu_check.py`), or None where no GPU
+    has been measured: {"device": name, "speeds": {precision: {arch: (train, infer)}}}."""
+    try:
+        data = json.loads((GPU_CHECK if path is None else path).read_text())
+    except (OSError, ValueError):
+        return None
+    speeds = {
+        precision: {
+            arch: (
+                float(v[precision]["train_images_per_s"]),
+                float(v[precision]["infer_images_per_s"]),
+            )
+            for arch, v in data.get("architectures", {}).items()
+            if precision in v
+        }
+        for precision in ("fp32", "bf16")
+    }
+    return {"device": data.get("device", "a GPU"), "speeds": speeds}
+
+
+def estimate(
+    runs: list[PlannedRun],
+    source: DataSource,
+    threads: int,
+    costs: dict[str, list[RoundCost]],
+) -> dict[str, tuple[float, float]]:
+    """Give each run its estimate (``seconds``, ``source``): from its measured twins, else
+    from the client-model work at speeds calibrated on this machine, or, for a GPU absent
+    here, from the committed GPU check. Returns the speeds used, by architecture."""
+    for run in runs:
+        twins = costs.get(twin_signature(run.config))
+        if twins:
+            run.seconds = float(np.median([c.seconds(run.config) for c in twins]))
+            run.source = "twin"
+    uncalibrated = [r for r in runs if r.source is None]
+    for run in uncalibrated:
+        run.images = run_images(run.config, source)
+    speeds: dict[str, tuple[float, float]] = {}
+    committed = gpu_calibration()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)  # as the runs will get them
+    try:
+        for run in uncalibrated:
+            if device_available(run.config.device):
+                table = speeds
+                for arch in run.images:
+                    if arch not in speeds:
+                        speeds[arch] = calibrate(arch, run.config)
+            elif committed is not None:
+                table = committed["speeds"][run.config.precision]
+                if not set(run.images) <= set(table):
+                    continue
+                speeds.update({arch: table[arch] for arch in run.images})
+            else:
+                continue
+            run.seconds = sum(
+                t / table[arch][0] + e / table[arch][1] for arch, (t, e) in run.images.items()
+            )
+            run.source = "calibration"
+    finally:
+        torch.set_num_threads(before)
+    return speeds
+
+
+def run_estimates(
+    todo: dict[str, RunConfig], source: DataSource, store: Path, threads: int
+) -> dict[str, float | None]:
+    """Seconds per run of a batch about to start (None where there is no estimate), as
+    `--plan` gives them: the progress display's estimated finish."""
+    runs = [PlannedRun("", config, key, False) for key, config in todo.items()]
+    estimate(runs, source, threads, measured_costs([store, *committed_stores()]))
+    return {run.key: run.seconds for run in runs}
+
+
 def make_plan(
     profile: Profile,
     notebooks: list[Path],
@@ -196,7 +276,6 @@ def make_plan(
     store = RunStore(results_root / profile.name / "runs")
     if measured_from is None:
         measured_from = [store.root, *committed_stores()]
-    costs = measured_costs(measured_from)
     runs: dict[str, PlannedRun] = {}
     for nb in notebooks:
         params = notebook_parameters(profile, nb.stem, results_root)
@@ -207,38 +286,42 @@ def make_plan(
                 stored = store.load(key) is not None
                 runs[key] = PlannedRun(nb.stem, spec.config, key, stored)
     new = [r for r in runs.values() if not r.stored]
-    for run in new:
-        twins = costs.get(twin_signature(run.config))
-        if twins:
-            run.seconds = float(np.median([c.seconds(run.config) for c in twins]))
-            run.source = "twin"
-    uncalibrated = [r for r in new if r.source is None]
-    for run in uncalibrated:
-        run.images = run_images(run.config, source)
-    speeds: dict[str, tuple[float, float]] = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1 if workers > 1 else threads)  # as the runs will get them
-    try:
-        for run in uncalibrated:
-            if not device_available(run.config.device):
-                continue
-            for arch in run.images:
-                if arch not in speeds:
-                    speeds[arch] = calibrate(arch, run.config)
-            run.seconds = sum(
-                t / speeds[arch][0] + e / speeds[arch][1] for arch, (t, e) in run.images.items()
-            )
-            run.source = "calibration"
-    finally:
-        torch.set_num_threads(threads)
+    threads = 1 if workers > 1 else torch.get_num_threads()
+    speeds = estimate(new, source, threads, measured_costs(measured_from))
     return list(runs.values()), speeds
 
 
-def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, workers: int) -> None:
+def makespan(jobs: list[tuple[float, float]], devices: int) -> float:
+    """Wall seconds of ``jobs`` (seconds, share of one device) on ``devices`` devices, the
+    longest started first, each as soon as a device has its share free; runs sharing a
+    device are assumed not to slow each other."""
+    free = [1.0] * devices
+    ends: list[tuple[float, int, float]] = []  # (end, device, share), a heap
+    now = 0.0
+    for seconds, share in sorted(jobs, key=lambda job: -job[0]):
+        share = share if share > 0 else 1.0  # a CPU-only run still holds a worker's place
+        while (
+            device := next((d for d in range(devices) if free[d] >= share - 1e-9), None)
+        ) is None:
+            now, freed, back = heapq.heappop(ends)
+            free[freed] += back
+        free[device] -= share
+        heapq.heappush(ends, (now + seconds, device, share))
+    return max((end for end, _, _ in ends), default=0.0)
+
+
+def print_plan(
+    profile: Profile,
+    notebooks: list[Path],
+    results_root: Path,
+    workers: int,
+    devices: int | None = None,
+) -> None:
     runs, speeds = make_plan(profile, notebooks, results_root, workers)
     new = [r for r in runs if not r.stored]
     device = profile.base.get("device", "cpu")
-    print(f"plan for profile {profile.name} ({device}, {workers} worker(s)):")
+    where = f"{devices} GPU(s)" if devices else f"{workers} worker(s)"
+    print(f"plan for profile {profile.name} ({device}, {where}):")
     print(f"{len(runs)} runs: {len(runs) - len(new)} in the store, {len(new)} to run\n")
     print(
         f"{'notebook':<26} {'algorithm':<12} {'dataset':<14} {'family':<16} "
@@ -255,48 +338,86 @@ def print_plan(profile: Profile, notebooks: list[Path], results_root: Path, work
     if not new:
         print("\nNothing to run: every run is in the store.")
     elif all(r.seconds is not None for r in new):
-        divisor = workers if device == "cpu" else 1
-        total = sum(r.seconds for r in new) / divisor
-        unit = "GPU-hours" if device.startswith("cuda") else "hours"
-        twins = sum(r.source == "twin" for r in new)
-        calibrated = (
-            ", the others (marked >=) from the calibration: a lower bound"
-            if twins < len(new)
-            else ""
-        )
-        print(
-            f"\nEstimated wall time of the new runs: {_hours(total)} ({total / 3600:.1f} {unit}"
-            f"{f' at {workers} workers' if divisor > 1 else ''}); {twins} of {len(new)} "
-            "estimated from the measured rounds of stored twins (runs of the same config at "
-            f"any seed, alpha and schedule){calibrated}."
-        )
-        per_notebook: Counter[str] = Counter()
-        for r in new:
-            per_notebook[r.notebook] += r.seconds / divisor
-        print(
-            "By notebook (a run shared between notebooks counts for the first): "
-            + ", ".join(f"{nb} {_hours(sec)}" for nb, sec in per_notebook.items())
-        )
-        if speeds:
-            print(
-                "calibrated images/s (training, inference): "
-                + ", ".join(f"{a} {t:,.0f} / {e:,.0f}" for a, (t, e) in speeds.items())
-            )
+        _print_estimate(profile, new, speeds, workers, devices)
     else:
-        per_arch: Counter[str] = Counter()
-        for r in new:
-            for arch, (t, e) in r.images.items():
-                per_arch[f"{arch} training"] += t
-                per_arch[f"{arch} inference"] += e
-        print(f"\nNo estimate: device {device!r} is not available here. Images to process:")
-        for name, count in per_arch.items():
-            print(f"  {name}: {count:,}")
+        _print_images(profile, new)
     timings = results_root / profile.name / "reproduce_timings.json"
     if timings.exists():
         measured = json.loads(timings.read_text()).get("notebooks", {})
         wanted = {nb.stem for nb in notebooks}
         seconds = sum(s for name, s in measured.items() if name in wanted)
         print(f"Notebooks' own work, as last measured here: {_hours(seconds)}.")
+
+
+def _print_estimate(
+    profile: Profile,
+    new: list[PlannedRun],
+    speeds: dict[str, tuple[float, float]],
+    workers: int,
+    devices: int | None,
+) -> None:
+    device = profile.base.get("device", "cpu")
+    gpu = device.startswith("cuda")
+    run_seconds = sum(r.seconds for r in new)
+    if devices:
+        shares = [run_resources(profile, r.config).gpus for r in new]
+        total = makespan([(r.seconds, g) for r, g in zip(new, shares, strict=True)], devices)
+        how = (
+            f" on {devices} GPUs ({run_seconds / 3600:.1f} GPU-hours; each run holds its "
+            f"family's GPU share from [{profile.name}.resources], longest runs first)"
+        )
+    elif gpu:
+        total, how = run_seconds, f" ({run_seconds / 3600:.1f} GPU-hours on one GPU)"
+    else:
+        total = run_seconds / workers
+        how = f" ({total / 3600:.1f} hours" + (f" at {workers} workers)" if workers > 1 else ")")
+    twins = sum(r.source == "twin" for r in new)
+    calibrated = (
+        ", the others (marked >=) from the calibration: a lower bound" if twins < len(new) else ""
+    )
+    print(
+        f"\nEstimated wall time of the new runs: {_hours(total)}{how}; {twins} of {len(new)} "
+        "estimated from the measured rounds of stored twins (runs of the same config at "
+        f"any seed, alpha and schedule){calibrated}."
+    )
+    per_notebook: Counter[str] = Counter()
+    for r in new:
+        per_notebook[r.notebook] += r.seconds * total / run_seconds if run_seconds else 0.0
+    print(
+        "By notebook (a run shared between notebooks counts for the first): "
+        + ", ".join(f"{nb} {_hours(sec)}" for nb, sec in per_notebook.items())
+    )
+    if speeds:
+        committed = gpu and not device_available(device)
+        origin = f" (from {portable_path(GPU_CHECK)})" if committed else ""
+        print(
+            f"calibrated images/s (training, inference){origin}: "
+            + ", ".join(f"{a} {t:,.0f} / {e:,.0f}" for a, (t, e) in speeds.items())
+        )
+
+
+def _print_images(profile: Profile, new: list[PlannedRun]) -> None:
+    """The work of runs without an estimate, and which calibration they lack."""
+    device = profile.base.get("device", "cpu")
+    per_arch: Counter[str] = Counter()
+    lacking: dict[str, set[str]] = defaultdict(set)
+    for r in new:
+        if r.seconds is None:
+            for arch in r.images:
+                lacking[arch].add(r.config.family)
+        for arch, (t, e) in r.images.items():
+            per_arch[f"{arch} training"] += t
+            per_arch[f"{arch} inference"] += e
+    print(f"\nNo estimate: device {device!r} is not available here. Images to process:")
+    for name, count in per_arch.items():
+        print(f"  {name}: {count:,}")
+    if device.startswith("cuda"):
+        families = sorted({f for fams in lacking.values() for f in fams})
+        print(
+            f"No GPU calibration for {', '.join(sorted(lacking))} (families "
+            f"{', '.join(families)}): run `python benchmarks/gpu_check.py` on one GPU and "
+            f"commit {portable_path(GPU_CHECK)}; the plan then estimates from it."
+        )
 
 
 def _estimate(run: PlannedRun) -> str:
@@ -315,15 +436,28 @@ def _hours(seconds: float) -> str:
 
 
 def plan_reproduction(
-    profile_name: str, only: list[str] | None, results_root: str | Path, workers: int | None
+    profile_name: str,
+    only: list[str] | None,
+    results_root: str | Path,
+    workers: int | None,
+    devices: int | None = None,
 ) -> int:
-    """Print the plan of ``fedtsp reproduce`` with the same arguments; returns 0."""
+    """Print the plan of ``fedtsp reproduce`` with the same arguments; returns 0.
+    ``devices``: estimate the wall time on that many GPUs (a GPU profile only)."""
     from fedtsp.paper.reproduce import NOTEBOOKS_DIR, find_notebooks
 
     profile = load_profile(profile_name)
     workers = profile.workers if workers is None else workers
     if not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers={workers!r} is invalid; must be >= 1")
+    if devices is not None:
+        if devices < 1:
+            raise ConfigError(f"--devices {devices} is invalid; give an integer >= 1")
+        if not str(profile.base.get("device", "cpu")).startswith("cuda"):
+            raise ConfigError(
+                f"--devices counts GPUs, and profile {profile.name!r} runs on the CPU; "
+                "give --workers instead"
+            )
     notebooks = find_notebooks(NOTEBOOKS_DIR, only)
-    print_plan(profile, notebooks, Path(results_root).resolve(), workers)
+    print_plan(profile, notebooks, Path(results_root).resolve(), workers, devices)
     return 0

@@ -14,7 +14,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedtsp.core.config import ConfigError, RunConfig
 
@@ -120,6 +120,40 @@ def profile_names(path: Path = PROFILES_FILE) -> list[str]:
     return [name for name in _read(path) if name != "methods"]
 
 
+class Resources(NamedTuple):
+    """What one run asks a cluster for (``[P.resources]``): CPU threads, and a share of
+    one GPU (a fraction for models too small to fill one)."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+    @property
+    def threads(self) -> int:
+        return max(int(self.cpus), 1)
+
+
+def _check_resources(name: str, table: dict[str, Any]) -> None:
+    for family, entry in table.items():
+        ok = isinstance(entry, dict) and not set(entry) - {"cpus", "gpus"}
+        values = [entry.get("cpus", 1), entry.get("gpus", 0)] if ok else []
+        ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
+        if not ok or not (values[0] > 0 and 0 <= values[1] <= 1):
+            raise ConfigError(
+                f"profile {name!r}: resources.{family} = {entry!r} is invalid; give cpus > 0 "
+                "and a GPU share in [0, 1], e.g. { cpus = 2, gpus = 0.5 } (a run uses one device)"
+            )
+
+
+def run_resources(profile: Profile, config: RunConfig) -> Resources:
+    """What ``config``'s run asks for under ``profile``: its family's entry in
+    ``[P.resources]``, else the entry ``default``, else 1 CPU (and 1 GPU on CUDA)."""
+    table = profile.extra.get("resources", {})
+    entry = table.get(config.family, table.get("default"))
+    if entry is None:
+        return Resources(1.0, 1.0 if str(config.device).startswith("cuda") else 0.0)
+    return Resources(float(entry.get("cpus", 1)), float(entry.get("gpus", 0)))
+
+
 def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
     """The profile `name`, checked: its base config validates and its methods exist."""
     from fedtsp.engine.runspec import check_run  # imports the methods; method_specs needs none
@@ -148,6 +182,7 @@ def load_profile(name: str, path: Path = PROFILES_FILE) -> Profile:
         )
     except KeyError as exc:
         raise ConfigError(f"profile {name!r} in {path} lacks the field {exc.args[0]!r}") from None
+    _check_resources(name, profile.extra.get("resources", {}))
     known = method_specs(path)
     for notebook, params in profile.notebooks.items():
         # A notebook's own `base` fields go on top of the profile's (one notebook, e.g.

@@ -1,8 +1,9 @@
 """The batch runner: `fedtsp reproduce --profile P [--only 03 ...] [--allow-partial]`.
 
 1. Collects the runs every selected notebook needs (`fedtsp.paper.notebook_runs`) and runs the missing
-   ones, `workers` at a time, into `<results>/<P>/runs` (finished runs are reused, an
-   interrupted one resumes from its checkpoint).
+   ones into `<results>/<P>/runs` (finished runs are reused, an interrupted one resumes
+   from its checkpoint): `workers` at a time here, or as Ray tasks on a cluster
+   (`--executor ray`, `fedtsp.paper.ray_executor`).
 2. Executes each notebook with papermill into `papermill_runs/<P>/`, injecting the
    profile's parameters; a failing notebook is reported and the others still run. The
    executed copy is normalised (no timestamps, no stderr stream, no absolute paths), so
@@ -29,6 +30,7 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.config import ConfigError
 from fedtsp.core.paths import portable_path, scrub_paths
 from fedtsp.core.results import RunStore
+from fedtsp.paper.executors import Executor, LocalExecutor
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 from fedtsp.paper.notebook_runs import notebook_plan
@@ -160,15 +162,18 @@ def reproduce(
     progress: bool = True,
     allow_partial: bool = False,
     prune: bool = False,
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> int:
     """Regenerate the profile's tables and figures; returns the process exit status.
-    ``prune``: delete the store's records no notebook uses (all notebooks selected)."""
+    ``prune``: delete the store's records no notebook uses (all notebooks selected).
+    ``executor``: "local" (``workers`` processes here) or "ray" (one Ray task per run, on
+    the cluster at ``ray_address``, else Ray's own RAY_ADDRESS, else one started here)."""
     profile = load_profile(profile_name)
     results_root = Path(results_root).resolve()
     notebooks = find_notebooks(Path(notebooks_dir), only)
     workers = profile.workers if workers is None else workers
-    if not isinstance(workers, int) or workers < 1:
-        raise ConfigError(f"workers={workers!r} is invalid; must be >= 1")
+    runner = make_executor(executor, workers, profile, ray_address)
     start = time.perf_counter()
     print(f"profile {profile.name}: {profile.about}")
     print(f"notebooks: {', '.join(nb.stem for nb in notebooks)}")
@@ -177,7 +182,8 @@ def reproduce(
     runs_error = ""
     run_keys: set[str] = set()
     try:
-        records = run_all(specs, source, results_root / profile.name / "runs", workers, progress)
+        store = results_root / profile.name / "runs"
+        records = run_all(specs, source, store, progress=progress, executor=runner)
         run_keys = {rec["key"] for rec in records}
         unused = unused_records(RunStore(results_root / profile.name / "runs"), run_keys)
         if unused and prune:
@@ -221,6 +227,22 @@ def reproduce(
         + "\n",
     )
     return _report(profile, results, total, runs_seconds, runs_error, allow_partial)
+
+
+def make_executor(
+    name: str, workers: int, profile: Profile, ray_address: str | None = None
+) -> Executor:
+    """The batch's executor by name, checked before any work."""
+    if name == "local":
+        if ray_address is not None:
+            raise ConfigError("--ray-address is an option of --executor ray")
+        return LocalExecutor(workers)
+    if name == "ray":
+        from fedtsp.paper.ray_executor import RayExecutor, import_ray
+
+        import_ray()  # not installed: one line now, not after the notebooks' planning
+        return RayExecutor(profile, ray_address)
+    raise ConfigError(f"executor {name!r} is unknown; choose local or ray")
 
 
 def unused_records(store: RunStore, keys: set[str]) -> list[Path]:

@@ -10,6 +10,7 @@ notebook's `ResultsWriter.claims` stores them and rewrites `results/<profile>/cl
 
 from fedtsp.paper.claims.findings import (
     ablations,
+    authors_runs,
     context,
     fedtsp_labels,
     fmcl,
@@ -21,6 +22,8 @@ from fedtsp.paper.claims.findings import (
 )
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS, Claim
 from fedtsp.paper.claims.report import (
+    authors_reading,
+    authors_table,
     controls_reading,
     controls_table,
     findings_frame,
@@ -65,6 +68,9 @@ __all__ = [
     "Claim",
     "Finding",
     "ablations",
+    "authors_reading",
+    "authors_runs",
+    "authors_table",
     "compare",
     "context",
     "controls_reading",

@@ -66,7 +66,7 @@ from fedtsp.paper.claims.rule import ALPHA, MARGINS, NOT_TESTABLE, Finding
 from fedtsp.paper.experiments import DataSource, seed_group
 from fedtsp.paper.floors import CEILING
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
-from fedtsp.paper.notebook_runs import notebook_plan
+from fedtsp.paper.notebook_runs import ABLATION_ROWS, AUTHORS_RUNS, LOCAL_ROW, notebook_plan
 from fedtsp.paper.profiles import (
     Profile,
     analysis_plan_data,
@@ -420,6 +420,12 @@ def build_parts(
         add("F14", str(row.scope), str(row.comparison), "points", ids,
             effect=MARGINS["points"], sd_from=claims.loc[row.Index], dataset=ds,
             basis="costs little: powered to clear -margin when the true cost is 0")  # fmt: skip
+    for row in claims[claims["claim"] == "F17"].itertuples():
+        ids = [find(groups, "04_ablations", part="authors", dataset=row.scope, method=m)
+               for m in AUTHORS_RUNS]  # fmt: skip
+        add("F17", str(row.scope), str(row.comparison), "points", ids, kind="equivalent",
+            sd_from=claims.loc[row.Index], dataset=str(row.scope),
+            basis="barely changes: powered to call a true 0 within the margin")  # fmt: skip
     for claim, block, ours in (("F15", "GFL", "FedTSP-GFL"), ("F16", "PFL", "FedTSP-FT")):
         scope = f"{block}, cifar100"
         row = screened(claim, scope)
@@ -463,8 +469,6 @@ def _control(comparison: str) -> str:
 
 def _ablation_labels(claim: str, comparison: str) -> list[dict[str, Any]]:
     """The 04 notebook's labels of the two sides of an F10 / F11 part."""
-    from fedtsp.paper.notebook_runs import ABLATION_ROWS, LOCAL_ROW
-
     rows = {label[:3]: label for label in [LOCAL_ROW, *(r[0] for r in ABLATION_ROWS)]}
     if claim == "F10":
         upper, lower = comparison.split(" - ")
@@ -505,7 +509,7 @@ def build_plan(profile_name: str = PROFILE) -> dict[str, Any]:
 
 def build_addendum(scope: str, hours: float, profile_name: str = PROFILE) -> dict[str, Any]:
     """An addendum to the committed plan: the parts at `scope` (a population or dataset the
-    plan predates) that the plan lacks, planned from today's screening runs within `hours`
+    plan predates, or a claim it predates) that the plan lacks, planned from today's screening runs within `hours`
     at the profile's workers. The plan itself is left as it is: its records keep their
     standing, and the addendum's groups are judged only on runs made after its commit."""
     profile = load_profile(profile_name)
@@ -514,9 +518,13 @@ def build_addendum(scope: str, hours: float, profile_name: str = PROFILE) -> dic
         (p["claim"], p["scope"], p["comparison"])
         for p in json.loads(PLAN_FILE.read_text())["parts"]
     }
-    new = [p for p in parts if p.scope == scope and (p.claim, p.scope, p.comparison) not in planned]
+    new = [
+        p
+        for p in parts
+        if scope in (p.scope, p.claim) and (p.claim, p.scope, p.comparison) not in planned
+    ]
     if not new:
-        raise ConfigError(f"no part at scope {scope!r} is missing from {PLAN_FILE.name}")
+        raise ConfigError(f"no part of scope or claim {scope!r} is missing from {PLAN_FILE.name}")
     used = {g for p in new for g in p.groups}
     groups = [g for g in groups if g.id in used]
     longest = max(g.seconds for g in groups)

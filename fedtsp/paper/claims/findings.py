@@ -29,6 +29,7 @@ from fedtsp.paper.claims.rule import (
     strongest,
 )
 from fedtsp.paper.floors import CEILING
+from fedtsp.paper.notebook_runs import AUTHORS_RUNS
 
 if TYPE_CHECKING:
     from fedtsp.paper.claims.analysis_plan import AnalysisPlan
@@ -360,6 +361,25 @@ def ablations(
                     **context(part, "best_acc", prompts=[upper, lower]),
                 )
             )
+    return _judged(out, plan)
+
+
+def authors_runs(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
+    """F17: FedTSP (authors' runs) minus the paper's reading, per dataset; `runs` with
+    columns dataset, method, seed, best_acc."""
+    authors, paper = AUTHORS_RUNS
+    out = [
+        compare(
+            "F17",
+            str(ds),
+            f"authors' runs - {paper}",
+            by_seed(part, "best_acc", method=authors),
+            by_seed(part, "best_acc", method=paper),
+            kind="within",
+            **context(part, "best_acc"),
+        )
+        for ds, part in runs.groupby("dataset", sort=False)
+    ]
     return _judged(out, plan)
 
 
