@@ -1,7 +1,7 @@
 """Wall time of the evidence profile's reproduction from an empty store, as measured, beside
 the analysis plan's estimate.
 
-    python benchmarks/evidence_wall.py [--log benchmarks/results/evidence_batch_log.txt]
+    python benchmarks/evidence_wall.py [--log LOG ...]   # default: the two committed logs
 
 The batch spans sessions (a session's command is killed at its end and the store resumes),
 so no single command times it. The log (`start`, `beat` a minute, `end`, `pause` / `resume`
@@ -9,7 +9,10 @@ lines with UTC times and the store's record count, written beside the batch by a
 shell loop; the first invocation predates the watcher and is reconstructed from its
 records and checkpoints, and says so) is the measurement: each invocation's time from start
 to its last sign of life, less its pauses (the batch was paused, never killed, while the
-foreground measured something). Also reported: the sum of the records' own wall times over
+foreground measured something). The batch ran as two pinned worktrees one after the other
+(the HtFL notebooks' runs, and notebook 08's at its addendum's commit), each with its own
+log; their invocations are put in time order, and any time two of them were alive at once
+is reported (it would be counted twice). Also reported: the sum of the records' own wall times over
 the workers, a second view that counts no idle worker, and the plan's estimate
 (`planned_run_seconds` of the plan and its addenda over the workers, plus the notebooks'
 measured work).
@@ -30,7 +33,10 @@ from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
 from fedtsp.paper.profiles import analysis_plan_files, load_profile
 
-LOG = REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt"
+LOGS = [
+    REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt",
+    REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log_08.txt",
+]
 OUT = REPO_ROOT / "benchmarks" / "results" / "evidence_wall.json"
 LINE = re.compile(r"^(start|beat|end|pause|resume) (\S+Z)")
 RECONSTRUCTED = re.compile(
@@ -79,14 +85,29 @@ def invocations(log: str) -> list[dict[str, Any]]:
     return out
 
 
+def overlap_seconds(found: list[dict[str, Any]]) -> float:
+    """Seconds during which two invocations were alive at once (pauses not subtracted)."""
+    total = 0.0
+    for i, a in enumerate(found):
+        for b in found[i + 1 :]:
+            total += max(
+                (min(a["last"], b["last"]) - max(a["start"], b["start"])).total_seconds(), 0
+            )
+    return total
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--log", type=Path, default=LOG)
+    parser.add_argument("--log", type=Path, action="append", help="a batch log (repeatable)")
     args = parser.parse_args(argv)
     profile = load_profile("evidence")
     runs = list(RunStore(REPO_ROOT / "results" / "evidence" / "runs").records())
-    found = invocations(args.log.read_text())
+    found = sorted(
+        (inv for log in args.log or LOGS for inv in invocations(log.read_text())),
+        key=lambda inv: inv["start"],
+    )
     measured = sum(inv["active"] for inv in found)
+    overlap = overlap_seconds(found)
     records = sum(r["timings"]["wall"] for r in runs) / profile.workers
     plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
     timings = json.loads(
@@ -103,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for inv in found
         ],
         "measured_seconds": round(measured, 1),
+        "overlap_seconds": round(overlap, 1),
         "records_wall_over_workers_seconds": round(records, 1),
         "plan_estimate_seconds": round(estimate, 1),
         "measured_over_estimate": round(measured / estimate, 3),
@@ -121,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         f"Measured: **{measured / 3600:.2f} h** for {len(runs)} runs and the notebooks "
         f"({len(found)} invocations); the records' own wall times over {profile.workers} "
         f"workers: {records / 3600:.2f} h; the plan's estimate: {estimate / 3600:.2f} h "
-        f"(measured / estimate = {measured / estimate:.2f}).",
+        f"(measured / estimate = {measured / estimate:.2f}). Invocations alive at the same "
+        f"time: {overlap / 60:.0f} min.",
     ]
     write_result(OUT, payload, "\n".join(rows))
     print("\n".join(rows))

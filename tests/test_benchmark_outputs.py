@@ -257,6 +257,10 @@ def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
     found = wall.invocations(log)
     assert [inv["active"] / 60 for inv in found] == [110, 100, 30]
     assert found[0]["note"] == "from its records"
+    # A second batch's invocation overlapping the last one by 15 minutes is reported.
+    other = wall.invocations("start 2026-12-05T13:30:00Z pid=7 records=0\nend 2026-12-05T14:00:00Z")
+    assert wall.overlap_seconds(found + other) == 15 * 60
+    assert wall.overlap_seconds(found) == 0
 
 
 def test_the_gpu_check_measures_every_part_and_its_output_feeds_the_plan(tmp_path, monkeypatch):
