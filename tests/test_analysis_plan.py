@@ -181,12 +181,15 @@ def test_an_addendum_adds_parts_and_groups_and_holds_its_groups_to_its_own_commi
         text=True, check=True,
     ).stdout.split()[0]  # fmt: skip
     plan = AnalysisPlan((), {})
+    seed = record["config"]["seed"]
     assert check(runs.parent, plan, root) == []
-    assert check(runs.parent, plan, root, {group: plan_commit()}) == [
+    assert check(runs.parent, plan, root, {group: (plan_commit(), frozenset({seed}))}) == [
         f"run {record['key']} comes from code {record['git_commit']}, not after the "
         f"addendum's commit {plan_commit()}"
     ]
-    assert check(runs.parent, plan, root, {"another group": plan_commit()}) == []
+    # A seed the plan already ran in a group the addendum extends keeps the plan's rule.
+    assert check(runs.parent, plan, root, {group: (plan_commit(), frozenset({seed + 1}))}) == []
+    assert check(runs.parent, plan, root, {"another group": (plan_commit(), frozenset())}) == []
 
 
 @pytest.mark.parametrize(

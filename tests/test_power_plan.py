@@ -50,3 +50,12 @@ def test_allocate_spends_the_starting_seeds_first():
     assert planned[0].status == "planned" and seeds == {"x": 3}
     planned, _ = allocate([_part("F3", 5, ("x",), 1)], {"x": 10.0}, 40.0, start={"x": 3})
     assert planned[0].status == "not testable at this budget"  # 30 spent, 20 more needed
+
+
+def test_allocate_charges_nothing_for_seeds_an_earlier_plan_runs():
+    # 4 of x's 12 seeds are the plan's: 8 more x 10 s + 12 of y x 10 s = 200 s fits 200.
+    parts = [_part("F17", 12, ("x", "y"), 1)]
+    planned, seeds = allocate(parts, {"x": 10.0, "y": 10.0}, 200.0, paid={"x": 4})
+    assert planned[0].status == "planned" and seeds == {"x": 12, "y": 12}
+    planned, _ = allocate(parts, {"x": 10.0, "y": 10.0}, 200.0)
+    assert planned[0].status == "not testable at this budget"  # 240 s without them

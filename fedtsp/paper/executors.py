@@ -193,7 +193,7 @@ class LocalExecutor:
                     future.result()
                 except Exception as exc:
                     error = errors[key] = one_line(exc)
-                progress.finished(key, describe_run(todo[key]), error)
                 queue.remove(key)
-                progress.set_running(set(queue[: self.workers]))
+                progress.set_running(set(queue[: self.workers]))  # the next run starts
+                progress.finished(key, describe_run(todo[key]), error)
         return errors

@@ -529,8 +529,10 @@ def build_addendum(scope: str, hours: float, profile_name: str = PROFILE) -> dic
     groups = [g for g in groups if g.id in used]
     longest = max(g.seconds for g in groups)
     budget = hours * 3600 * profile.workers - longest * (profile.workers - 1)
+    # Seeds the committed plan and addenda already run are paid for: only more cost here.
+    paid = {g: n for g, n in group_seeds(analysis_plan_data(profile)).items() if g in used}
     return {"addendum_to": PLAN_FILE.name, "scope": scope} | _allocated(
-        profile, groups, new, budget, hours
+        profile, groups, new, budget, hours, paid
     )
 
 
@@ -540,8 +542,10 @@ def _allocated(
     parts: list[PlannedPart],
     budget: float,
     hours: float = BUDGET_HOURS,
+    paid: dict[str, int] | None = None,
 ) -> dict[str, Any]:
-    """The plan's file content: `parts` given seeds within `budget` run-seconds."""
+    """The plan's file content: `parts` given seeds within `budget` run-seconds (`paid`:
+    seeds an earlier plan already runs, which cost nothing here)."""
     seconds = {g.id: g.seconds for g in groups}
     # A part needing more seeds than its notebook lists cannot be run, whatever the budget.
     listed = {g.id: len(notebook_parameters(profile, g.notebook)["seeds"]) for g in groups}
@@ -556,10 +560,11 @@ def _allocated(
         for p in parts
     ]
     testable = [p for p in parts if not p.status]
-    allocated, seeds = allocate(testable, seconds, budget)
+    paid = paid or {}
+    allocated, seeds = allocate(testable, seconds, budget, paid=paid)
     by_key = {(p.claim, p.scope, p.comparison): p for p in allocated}
     parts = [by_key.get((p.claim, p.scope, p.comparison), p) for p in parts]
-    spent = sum(n * seconds[g] for g, n in seeds.items())
+    spent = sum(max(n - paid.get(g, 0), 0) * seconds[g] for g, n in seeds.items())
     return {
         "profile": profile.name,
         "schedule": {k: profile.base[k] for k in ("rounds", "local_epochs")},
@@ -580,6 +585,7 @@ def _allocated(
                 "seconds": round(g.seconds, 1),
                 "seeds": seeds.get(g.id, 0),
             }
+            | ({"paid": paid[g.id]} if paid.get(g.id) else {})
             for g in groups
         ],
     }
@@ -602,7 +608,7 @@ def report(plan: dict[str, Any]) -> str:
         written = (
             f"`python -m fedtsp.paper.claims.analysis_plan --addendum {plan['scope']}` from "
             f"the cpu profile's screening runs (seeds 0-2), after the plan ({plan['addendum_to']}, "
-            "unchanged) and before any run of these groups at the profile's seeds"
+            "unchanged) and before any run of the seeds it adds"
         )
     else:
         title = "Analysis plan of the cpu evidence (profile `evidence`)"
@@ -644,12 +650,22 @@ def report(plan: dict[str, Any]) -> str:
         "",
         f"## Groups of runs ({len(run)} of {len(plan['groups'])} run)",
         "",
-        "| notebook | group | seeds | est. per run (min) |",
-        "|---|---|---:|---:|",
     ]
+    # An addendum's group may share runs with the plan: those it does not pay for.
+    shared = "addendum_to" in plan and any(g.get("paid") for g in plan["groups"])
+    if shared:
+        lines += [
+            "| notebook | group | seeds | of them run by the plan | est. per run (min) |",
+            "|---|---|---:|---:|---:|",
+        ]
+    else:
+        lines += ["| notebook | group | seeds | est. per run (min) |", "|---|---|---:|---:|"]
     for g in plan["groups"]:
         labels = ", ".join(str(v) for v in g["labels"].values())
-        lines.append(f"| {g['notebook']} | {labels} | {g['seeds']} | {g['seconds'] / 60:.1f} |")
+        paid = f" {g.get('paid', 0)} |" if shared else ""
+        lines.append(
+            f"| {g['notebook']} | {labels} | {g['seeds']} |{paid} {g['seconds'] / 60:.1f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -662,15 +678,18 @@ def plan_commit(path: Path = PLAN_FILE) -> str | None:
     return _git(["log", "-1", "--format=%H", "--", str(path)], REPO_ROOT)
 
 
-def addendum_commits(profile: Profile | str) -> dict[str, str | None]:
-    """Group id -> the commit of the addendum that gave it seeds (the profile's addenda)."""
+def addendum_commits(profile: Profile | str) -> dict[str, tuple[str | None, frozenset[int]]]:
+    """Group id -> (the commit of the addendum that gave it seeds, the seeds it added: those
+    beyond what an earlier plan already ran), over the profile's addenda."""
     prof = profile if isinstance(profile, Profile) else load_profile(profile)
-    out: dict[str, str | None] = {}
+    out: dict[str, tuple[str | None, frozenset[int]]] = {}
     for path in analysis_plan_files(prof)[1:]:
         commit = plan_commit(path)
         for group in json.loads(path.read_text())["groups"]:
-            if group["seeds"]:
-                out[group["id"]] = commit
+            seeds = notebook_parameters(prof, group["notebook"])["seeds"]
+            added = seeds[group.get("paid", 0) : group["seeds"]]
+            if added:
+                out[group["id"]] = (commit, frozenset(added))
     return out
 
 
@@ -678,11 +697,12 @@ def check(
     results_dir: Path,
     plan: AnalysisPlan,
     commit: str | None,
-    addenda: dict[str, str | None] | None = None,
+    addenda: dict[str, tuple[str | None, frozenset[int]]] | None = None,
 ) -> list[str]:
     """What in a planned profile's outputs breaks the plan: a judged part it lacks, a
     planned part not judged, a record whose code does not descend from `commit`, or, for
-    a group an addendum planned (`addenda`: group id -> its commit), from the addendum's."""
+    a seed an addendum added to a group (`addenda`: group id -> its commit and the seeds
+    it added), from the addendum's."""
     problems = []
     csv = results_dir / "claims.csv"
     if csv.is_file():
@@ -703,10 +723,9 @@ def check(
             needed, what = commit, "plan"
             if addenda and "config" in record:  # (an addendum's commit descends from the plan's)
                 group = seed_group(RunConfig.from_dict(record["config"]))
-                needed, what = (
-                    addenda.get(group, commit),
-                    "addendum" if group in addenda else "plan",
-                )
+                added, seeds = addenda.get(group, (None, frozenset()))
+                if record["config"].get("seed") in seeds:
+                    needed, what = added, "addendum"
             if needed is None or code is None or not _descends(code, needed):
                 problems.append(f"run {record.get('key')} comes from code {code}, not after "
                                 f"the {what}'s commit {needed}")  # fmt: skip
@@ -730,8 +749,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--addendum",
         metavar="SCOPE",
-        help="plan the parts at SCOPE (e.g. a population added after the plan) that the "
-        "plan lacks, in an addendum file of their own; the plan is left unchanged",
+        help="plan the parts at SCOPE (a population or dataset added after the plan, or a "
+        "claim id such as F17) that the plan lacks, in an addendum file of their own; the "
+        "plan is left unchanged",
     )
     parser.add_argument(
         "--hours", type=float, default=1.0, help="--addendum: its budget (default 1 h)"
@@ -739,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     path, page = PLAN_FILE, REPORT
     if args.addendum:
-        name = f"analysis_plan_{args.addendum.replace('-', '_')}"
+        name = f"analysis_plan_{args.addendum.replace('-', '_').lower()}"
         path, page = PLAN_FILE.with_name(f"{name}.json"), REPORT.with_name(f"{name}.md")
     if path.is_file() and not args.replace:
         print(

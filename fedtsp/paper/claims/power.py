@@ -65,16 +65,20 @@ def allocate(
     seconds: Mapping[str, float],
     budget_seconds: float,
     start: Mapping[str, int] | None = None,
+    paid: Mapping[str, int] | None = None,
 ) -> tuple[list[PlannedPart], dict[str, int]]:
     """Spend `budget_seconds` of run time (all workers' seconds together) on the parts in
     priority order (ties: as given). A part raises each of its groups to its seeds; its
     cost is the runs that adds (a group already at that many seeds costs nothing more),
     at `seconds[group]` a run. A part that needs more than `MOST_SEEDS` seeds, or more than
     is left, is not testable at this budget. `start`: seeds every group gets in any case
-    (their cost is spent first). Returns the parts with their status and the seeds per
+    (their cost is spent first). `paid`: seeds groups already have from an earlier plan
+    (they cost nothing here). Returns the parts with their status and the seeds per
     group."""
     have = dict(start or {})
     left = budget_seconds - sum(n * seconds[g] for g, n in have.items())
+    for g, n in (paid or {}).items():
+        have[g] = max(have.get(g, 0), n)
     out = []
     for part in sorted(parts, key=lambda p: p.priority):
         extra = (
