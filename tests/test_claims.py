@@ -182,6 +182,7 @@ def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data
     C.write_report(tmp_path, "cpu")
     lines = (tmp_path / "claims_bottom_line.md").read_text().split("\n\n")
     assert lines[0].startswith("At the `cpu` profile's scale (20 rounds x 1 local epoch")
+    assert "FMCL's claims: 20 rounds x 1 local epoch, 12 clients, fedavgcnn_s" in lines[0]
     assert f"of {len(C.CLAIMS)} claims: 1 holds, 1 contradicted, 1 not separated, " in lines[0]
     held = next(line for line in lines if line.startswith("**Hold:**"))
     assert (

@@ -73,7 +73,8 @@ def test_a_killed_worker_leaves_no_record_and_the_rerun_completes(ray_cluster, p
     thread.join(300)
     error = outcome.get("error")
     assert isinstance(error, RunsFailed)
-    assert f"run {key[:10]}" in str(error) and "1 of 1 runs failed" in str(error)
+    assert f"\n  {key}: fedproto on cifar10, seed 0: " in str(error)
+    assert str(error).startswith("1 of 1 runs failed")
     assert store.load(key) is None
     assert not list(store.root.rglob("*.tmp")) and not list(store.root.glob(".ray-probe-*"))
 
@@ -98,7 +99,8 @@ def test_a_failing_run_is_tried_twice_and_reported_and_the_others_finish(
         run_all([good, bad], SOURCE, store.root, progress=False, executor=executor)
     message = str(failed.value)
     assert message.startswith("1 of 2 runs failed")
-    assert f"run {_key(bad)[:10]}: checkpoint" in message and "is unreadable" in message
+    assert f"\n  {_key(bad)}: fedproto on cifar10, seed 2: checkpoint " in message
+    assert "is unreadable" in message
     assert "(attempts: 2)" in message
     assert store.load(_key(good)) is not None and store.load(_key(bad)) is None
 

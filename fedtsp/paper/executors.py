@@ -78,7 +78,7 @@ class BatchProgress:
         else:
             self.failed += 1
         outcome = f"FAILED: {error}" if error else f"done in {seconds / 60:.1f} min"
-        self.say(f"{label}: {outcome}")
+        self.say(f"run {key[:10]} ({label}): {outcome}")
         self._bar.update(1)
         self._bar.set_postfix_str(self.status(), refresh=True)
 

@@ -186,9 +186,7 @@ class RayExecutor:
                         atomic_write_bytes(store / name, data)
                 except Exception as exc:
                     tries = attempts.get(key, 0)
-                    error = errors[key] = (
-                        f"run {key[:10]}: {_task_error(exc)} (attempts: {max(tries, 1)})"
-                    )
+                    error = errors[key] = f"{_task_error(exc)} (attempts: {max(tries, 1)})"
                 ray.get(board.ended.remote(key))
                 progress.finished(key, describe_run(todo[key]), error)
         return errors

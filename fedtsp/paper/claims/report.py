@@ -138,18 +138,25 @@ def bottom_line(frame: pd.DataFrame, summary: pd.DataFrame, setting: str) -> lis
 
 
 def _setting(profile: str) -> str:
-    """The profile's scale in a phrase: schedule, clients, data."""
-    from fedtsp.paper.profiles import load_profile
+    """The profile's scale in a phrase: schedule, clients, data; FMCL's setting of its own."""
+    from fedtsp.paper.profiles import load_profile, notebook_parameters
 
     try:
-        base = load_profile(profile).base
+        prof = load_profile(profile)
+        fmcl = notebook_parameters(prof, "08_fmcl")
     except Exception:  # a profile of a test's own: its name is all there is
         return f"the `{profile}` profile"
+    base = prof.base
     return (
-        f"the `{profile}` profile's scale ({base['rounds']} rounds x {base['local_epochs']} "
-        f"local epoch{'s' * (base['local_epochs'] > 1)}, {base['num_clients']} clients on "
-        f"{base['fraction']:.0%} of each dataset; n = paired seeds)"
+        f"the `{profile}` profile's scale ({_schedule(base['rounds'], base['local_epochs'])}, "
+        f"{base['num_clients']} clients on {base['fraction']:.0%} of each dataset; FMCL's "
+        f"claims: {_schedule(fmcl['fmcl_rounds'], fmcl['fmcl_local_epochs'])}, "
+        f"{fmcl['num_clients']} clients, {fmcl['fmcl_arch']}; n = paired seeds)"
     )
+
+
+def _schedule(rounds: int, epochs: int) -> str:
+    return f"{rounds} rounds x {epochs} local epoch{'s' * (epochs > 1)}"
 
 
 def _why(parts: pd.DataFrame) -> str:
