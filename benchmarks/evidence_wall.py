@@ -1,21 +1,23 @@
 """Wall time of the evidence profile's reproduction from an empty store, as measured, beside
 the analysis plan's estimate.
 
-    python benchmarks/evidence_wall.py [--log LOG ...]   # default: the two committed logs
+    python benchmarks/evidence_wall.py [--log LOG ...]   # default: the committed batch log
 
 The batch spans sessions (a session's command is killed at its end and the store resumes),
-so no single command times it. The log (`start`, `beat` a minute, `end`, `pause` / `resume`
-lines with UTC times and the store's record count, written beside the batch by a watcher
-shell loop; the first invocation predates the watcher and is reconstructed from its
-records and checkpoints, and says so) is the measurement: each invocation's time from start
-to its last sign of life, less its pauses (the batch was paused, never killed, while the
-foreground measured something). The batch ran as two pinned worktrees one after the other
-(the HtFL notebooks' runs, and notebook 08's at its addendum's commit), each with its own
-log; their invocations are put in time order, and any time two of them were alive at once
-is reported (it would be counted twice). Also reported: the sum of the records' own wall times over
-the workers, a second view that counts no idle worker, and the plan's estimate
-(`planned_run_seconds` of the plan and its addenda over the workers, plus the notebooks'
-measured work).
+so no single command times it. The log is the measurement: `benchmarks/batch_heartbeat.sh`
+writes `start`, a `beat` a minute and `end` beside the batch, and `benchmarks/batch_pause.sh`
+adds `pause` / `resume` lines (the batch was paused, never killed, while the foreground
+measured something), each with its UTC time. Each invocation counts from its start to its
+last sign of life, less its pauses; any time two invocations were alive at once is reported
+(it would be counted twice).
+
+Records that no logged invocation covers (notebook 08's runs, made by an earlier batch at
+its addendum's commit, whose log was lost with the machine it ran on) are measured from
+the records themselves: the union of their runs' spans (`created` less the run's wall
+time), that is, the time at least one of them was running. Also reported: the sum of all
+records' own wall times over the workers, a view that counts no idle worker, and the plan's
+estimate (`planned_run_seconds` of the plan and its addenda over the workers, plus the
+notebooks' measured work).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +35,9 @@ from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
 from fedtsp.paper.profiles import analysis_plan_files, load_profile
 
-LOGS = [
-    REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt",
-    REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log_08.txt",
-]
+LOGS = [REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt"]
 OUT = REPO_ROOT / "benchmarks" / "results" / "evidence_wall.json"
 LINE = re.compile(r"^(start|beat|end|pause|resume) (\S+Z)")
-RECONSTRUCTED = re.compile(
-    r"^reconstructed-invocation-\d+ start~(\S+Z) paused~(\d+) last-checkpoint (\S+Z)"
-)
 
 
 def _time(text: str) -> datetime:
@@ -59,11 +55,6 @@ def invocations(log: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     paused_at = None
     for raw in log.splitlines():
-        if m := RECONSTRUCTED.match(raw):
-            start, paused, last = _time(m.group(1)), float(m.group(2)), _time(m.group(3))
-            note = raw.split(" note: ")[-1]
-            out.append({"start": start, "last": last, "paused": paused, "note": note})
-            continue
         m = LINE.match(raw)
         if not m:
             continue
@@ -71,7 +62,8 @@ def invocations(log: str) -> list[dict[str, Any]]:
         if kind == "start":
             _close_pause(out, paused_at)
             paused_at = None
-            out.append({"start": when, "last": when, "paused": 0.0, "note": ""})
+            note = raw.split(" note: ")[1] if " note: " in raw else ""
+            out.append({"start": when, "last": when, "paused": 0.0, "note": note})
         elif kind == "pause":
             paused_at = when
         elif kind == "resume" and paused_at is not None:
@@ -83,6 +75,27 @@ def invocations(log: str) -> list[dict[str, Any]]:
     for inv in out:
         inv["active"] = (inv["last"] - inv["start"]).total_seconds() - inv["paused"]
     return out
+
+
+def _covers(inv: dict[str, Any], record: dict[str, Any]) -> bool:
+    """Whether the record was written while the invocation was alive."""
+    end = datetime.strptime(record["created"], "%Y-%m-%dT%H:%M:%S%z")
+    return inv["start"] <= end <= inv["last"] + timedelta(minutes=1)
+
+
+def run_spans(records: list[dict[str, Any]]) -> list[tuple[datetime, datetime]]:
+    """The merged spans during which at least one of the records' runs was running."""
+    spans = []
+    for r in records:
+        end = datetime.strptime(r["created"], "%Y-%m-%dT%H:%M:%S%z")
+        spans.append((end - timedelta(seconds=r["timings"]["wall"]), end))
+    merged: list[tuple[datetime, datetime]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def overlap_seconds(found: list[dict[str, Any]]) -> float:
@@ -106,8 +119,12 @@ def main(argv: list[str] | None = None) -> int:
         (inv for log in args.log or LOGS for inv in invocations(log.read_text())),
         key=lambda inv: inv["start"],
     )
-    measured = sum(inv["active"] for inv in found)
+    logged = sum(inv["active"] for inv in found)
     overlap = overlap_seconds(found)
+    unlogged = [r for r in runs if not any(_covers(inv, r) for inv in found)]
+    spans = run_spans(unlogged)
+    from_records = sum((end - start).total_seconds() for start, end in spans)
+    measured = logged + from_records
     records = sum(r["timings"]["wall"] for r in runs) / profile.workers
     plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
     timings = json.loads(
@@ -123,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
             {k: v.isoformat() if isinstance(v, datetime) else v for k, v in inv.items()}
             for inv in found
         ],
+        "logged_seconds": round(logged, 1),
+        "unlogged_runs": len(unlogged),
+        "unlogged_spans": [[a.isoformat(), b.isoformat()] for a, b in spans],
+        "unlogged_seconds": round(from_records, 1),
         "measured_seconds": round(measured, 1),
         "overlap_seconds": round(overlap, 1),
         "records_wall_over_workers_seconds": round(records, 1),
@@ -138,11 +159,18 @@ def main(argv: list[str] | None = None) -> int:
             f"| {i} | {inv['start']:%Y-%m-%d %H:%M} | {inv['last']:%H:%M} | "
             f"{inv['paused'] / 60:.0f} min | {inv['active'] / 3600:.2f} h |"
         )
+    for start, end in spans:
+        rows.append(
+            f"| from records | {start:%Y-%m-%d %H:%M} | {end:%H:%M} | - | "
+            f"{(end - start).total_seconds() / 3600:.2f} h |"
+        )
     rows += [
         "",
-        f"Measured: **{measured / 3600:.2f} h** for {len(runs)} runs and the notebooks "
-        f"({len(found)} invocations); the records' own wall times over {profile.workers} "
-        f"workers: {records / 3600:.2f} h; the plan's estimate: {estimate / 3600:.2f} h "
+        f"Measured: **{measured / 3600:.2f} h** for {len(runs)} runs and the notebooks: "
+        f"{logged / 3600:.2f} h logged ({len(found)} invocations), and {from_records / 3600:.2f} h "
+        f"in which at least one of the {len(unlogged)} runs no log covers was running, from "
+        f"their records. The records' own wall times over {profile.workers} workers: "
+        f"{records / 3600:.2f} h; the plan's estimate: {estimate / 3600:.2f} h "
         f"(measured / estimate = {measured / estimate:.2f}). Invocations alive at the same "
         f"time: {overlap / 60:.0f} min.",
     ]

@@ -241,26 +241,38 @@ def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
     wall = load_script("evidence_wall")
     log = "\n".join(
         [
-            "reconstructed-invocation-1 start~2026-12-05T07:00:00Z paused~600 "
-            "last-checkpoint 2026-12-05T09:00:00Z records=2 note: from its records",
-            "start 2026-12-05T10:00:00Z pid=1 records=2",
-            "beat 2026-12-05T10:30:00Z pid=1 records=3",
-            "pause 2026-12-05T10:40:00Z pids=1",
-            "beat 2026-12-05T10:50:00Z pid=1 records=3",
-            "resume 2026-12-05T11:00:00Z pids=1",
-            "beat 2026-12-05T12:00:00Z pid=1 records=9",
-            "start 2026-12-05T13:00:00Z pid=2 records=9",
-            "pause 2026-12-05T13:30:00Z pids=2",
-            "beat 2026-12-05T13:45:00Z pid=2 records=9",  # killed while paused
+            "start 2026-12-05T10:00:00Z records=2 pid=1 note: at 4715453",
+            "beat 2026-12-05T10:30:00Z records=3",
+            "pause 2026-12-05T10:40:00Z",
+            "beat 2026-12-05T10:50:00Z records=3",
+            "resume 2026-12-05T11:00:00Z",
+            "beat 2026-12-05T12:00:00Z records=9",
+            "start 2026-12-05T13:00:00Z records=9 pid=2",
+            "pause 2026-12-05T13:30:00Z",
+            "beat 2026-12-05T13:45:00Z records=9",  # killed while paused
         ]
     )
     found = wall.invocations(log)
-    assert [inv["active"] / 60 for inv in found] == [110, 100, 30]
-    assert found[0]["note"] == "from its records"
+    assert [inv["active"] / 60 for inv in found] == [100, 30]
+    assert found[0]["note"] == "at 4715453" and found[1]["note"] == ""
     # A second batch's invocation overlapping the last one by 15 minutes is reported.
-    other = wall.invocations("start 2026-12-05T13:30:00Z pid=7 records=0\nend 2026-12-05T14:00:00Z")
+    other = wall.invocations("start 2026-12-05T13:30:00Z records=0 pid=7\nend 2026-12-05T14:00:00Z")
     assert wall.overlap_seconds(found + other) == 15 * 60
     assert wall.overlap_seconds(found) == 0
+
+
+def test_runs_no_log_covers_are_timed_by_the_union_of_their_own_spans():
+    wall = load_script("evidence_wall")
+
+    def record(created: str, seconds: float) -> dict:
+        return {"created": f"2026-12-05T{created}+0000", "timings": {"wall": seconds}}
+
+    # Two workers: 08:00-08:10 and 08:05-08:20 overlap; 09:00-09:05 stands alone.
+    records = [record("08:10:00", 600), record("08:20:00", 900), record("09:05:00", 300)]
+    spans = wall.run_spans(records)
+    assert [(b - a).total_seconds() / 60 for a, b in spans] == [20, 5]
+    (inv,) = wall.invocations("start 2026-12-05T08:00:00Z records=0\nend 2026-12-05T08:30:00Z")
+    assert [wall._covers(inv, r) for r in records] == [True, True, False]
 
 
 def test_the_gpu_check_measures_every_part_and_its_output_feeds_the_plan(tmp_path, monkeypatch):
