@@ -8,9 +8,10 @@ between the averaged uploads, capped at ``margin_cap``). Clients add
 ``lam * MSE(f(x), P_y)`` towards the trained prototypes to their cross-entropy.
 
 Defaults are those of the runs behind the paper's Table 1 (the authors' fork of HtFLlib with
-their script's lambda = 1) but one: prototypes come from a pass with the model trained in this
-round, where the fork (and HtFLlib) pass the model saved before this round's training, one
-round stale (``prototype_model="before_training"``); the server's SGD at the
+their script's lambda = 1): prototypes come from a pass with the model saved before this
+round's training, one round stale, as in the fork and HtFLlib (``prototype_model=
+"before_training"``; revision 1 of the run key: before it the default was ``"trained"``,
+the model trained in this round); the server's SGD at the
 clients' lr 0.01 and batch 100 for 100 epochs, margin cap 100, and evaluation through each
 client's own head, as the fork does (upstream HtFLlib classifies by the nearest trained
 prototype, ``eval_mode="prototype"``). Clients upload only the
@@ -55,7 +56,7 @@ class FedTGPOptions:
         "head", "head (authors' code) or prototype (nearest, HtFLlib)", choices=EVAL_MODES
     )
     prototype_model: str = option(
-        "trained",
+        "before_training",
         "uploaded class prototypes from the model after this round's training (trained) or "
         "before it (before_training: the authors' code and HtFLlib, one round stale)",
         choices=PROTOTYPE_MODELS,
@@ -185,4 +186,4 @@ class FedTGPServer(ServerHalf):
         return {} if self.global_protos is None else {"global_prototypes": self.global_protos}
 
 
-FedTGP = register(Algorithm("fedtgp", FedTGPClient, FedTGPServer, FedTGPOptions))
+FedTGP = register(Algorithm("fedtgp", FedTGPClient, FedTGPServer, FedTGPOptions, revision=1))
