@@ -106,7 +106,7 @@ class RayExecutor:
     """Runs the batch as Ray tasks on the cluster at ``address`` (None: Ray's own
     ``RAY_ADDRESS``, else a Ray instance started on this machine for the batch).
 
-    ``resources``: the profile whose ``[P.resources]`` sizes each task. ``retries``: how
+    ``profile``: the profile whose ``[P.resources]`` sizes each task. ``retries``: how
     many times a failed task runs again before it is reported (the issue's rule: once).
     """
 
