@@ -199,6 +199,37 @@ def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data
     assert text.index("## Bottom line") < text.index("**Rule.**") and lines[1] in text
 
 
+def test_a_sections_reading_says_each_part_and_what_a_reader_could_misread(tmp_path):
+    zero = {0: 0.0, 1: 0.0, 2: 0.0}
+    lone = {0: 1.0, 1: 1.7, 2: 1.1}  # significant alone, not after Holm (test above)
+    findings = C.judge(
+        [
+            C.compare("F3", "a", "x - y", lone, zero),
+            C.compare("F3", "b", "x - y", {0: 5.0, 1: -3.0, 2: 1.0}, zero),
+            # Significantly negative, yet the whole interval inside the 0.05 margin.
+            C.compare(
+                "F2",
+                "c",
+                "x - u",
+                {0: 0.1, 1: 0.2, 2: 0.3},
+                {0: 0.103, 1: 0.204, 2: 0.302},
+                unit="",
+            ),  # fmt: skip
+            C.compare("F8", "d", "x - z", {0: 2.0, 1: 3.0}, {0: 1.0, 1: 2.0}),  # +1 on both seeds
+            C.compare("F9", "e", "x - w", {}, zero),
+        ]
+    )
+    text = C.section_reading(findings, ["F3", "F2", "F8", "F9", "F1"])
+    assert text.startswith("**Reading.** **F3** (FedTSP is more accurate than")
+    assert "**not separated**, these seeds cannot tell the effect from no difference." in text
+    assert "- a: x - y +1.27 [" in text and "(n = 3): not separated (p = 0.029 alone, 0.057 after Holm within the claim)" in text  # fmt: skip
+    assert "**F2** (" in text and "**contradicted**, the data go against the paper here." in text
+    assert "c: x - u -0.003 [" in text and "inside ± 0.05, so the difference is small" in text
+    assert "all 2 seeds gave the same difference, so the interval has no width" in text
+    assert "- e: x - w: not testable here (no runs of the claimed side)" in text
+    assert "**F1**: no findings (no runs at this profile)." in text
+
+
 def test_holm_adjusts_in_step_down_order():
     assert C.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
     assert C.holm([0.5]) == [0.5]
@@ -297,8 +328,16 @@ def test_the_controls_table_gives_each_control_its_holm_corrected_f11_verdict():
     assert table["text - control [95 % CI]"].iloc[1] == "+0.25 [-0.06, +0.56]"
     assert list(numbers["p_holm"]) == [f.p_holm for f in f11]
     assert numbers["difference_mean"].tolist() == pytest.approx([2.0, 0.25])
-    reading = C.controls_reading(table)
-    assert "ahead of 1, equivalent to 1, not separated from 0" in reading
+    # The section's reading: a claim whose parts hold and are equivalent is not separated
+    # overall, and says why, not that the seeds cannot tell.
+    reading = C.section_reading(findings, ["F11"]).splitlines()
+    assert reading[0].endswith("**not separated**, its parts point different ways.")
+    assert reading[1:] == [
+        "- minilm, cifar100: (2) text - random targets +2.00 [+2.00, +2.00] points (n = 3): "
+        "holds (all 3 seeds gave the same difference, so the interval has no width)",
+        "- minilm, cifar100: (2) text - shuffled targets +0.25 [-0.06, +0.56] points (n = 3): "
+        "equivalent",
+    ]
 
 
 def test_each_fedtsp_is_compared_with_its_own_encoders_untrained_prototypes():

@@ -256,3 +256,16 @@ def test_a_notebooks_set_up_is_one_object_with_every_value(tmp_path, monkeypatch
     assert capsys.readouterr().out.startswith("profile cpu: ")
     with pytest.raises(AttributeError, match="notebook 03_main_table has no parameter 'sedes'"):
         _ = nb.sedes
+
+
+def test_notebook_08_describes_fmcls_own_setting_not_the_htfl_one():
+    from fedtsp.paper.profiles import notebook_parameters
+
+    fmcl = notebook_parameters("cpu", "08_fmcl")
+    assert fmcl["about"].startswith(
+        "FMCL's own setting at the cpu profile: 20 rounds x 1 local epoch, 12 clients, "
+        "fedavgcnn_s; populations label-groups, mixed-domain, overlapping-labels, 10% of"
+    )
+    smaller = notebook_parameters("cpu", "08_fmcl", overrides={"num_clients": 8})
+    assert ", 8 clients, " in smaller["about"]
+    assert "htfe" in notebook_parameters("cpu", "03_main_table")["about"]

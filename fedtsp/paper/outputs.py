@@ -172,6 +172,7 @@ class ResultsWriter:
             )
         if table.map(lambda v: isinstance(v, str) and v.endswith(UNCONVERGED)).any().any():
             footer += f"\n\n{UNCONVERGED_NOTE}"
+            print(UNCONVERGED_NOTE)  # the notebook's reader sees the mark explained too
         files = [base.with_suffix(".csv"), base.with_suffix(".md"), base.with_suffix(".tex")]
         atomic_write_text(files[0], to_csv(marked))
         atomic_write_text(files[1], to_markdown(table, bold) + footer + "\n")

@@ -249,7 +249,24 @@ def notebook_parameters(
         )
     for name, value in (overrides or {}).items():
         params[name] = {**params["base"], **value} if name == "base" else value
+    if "fmcl_arch" in params and not (overrides or {}).get("about"):  # FMCL's own setting
+        params["about"] = (
+            f"FMCL's own setting at the {prof.name} profile: {fmcl_setting(params)}; "
+            f"populations {', '.join(params['populations'])}, "
+            f"{params['population_fraction']:.0%} of each dataset's images"
+        )
     return params
+
+
+def schedule(rounds: int, epochs: int) -> str:
+    """ "20 rounds x 1 local epoch"."""
+    return f"{rounds} rounds x {epochs} local epoch{'s' * (epochs > 1)}"
+
+
+def fmcl_setting(params: dict[str, Any]) -> str:
+    """FMCL's setting in a phrase, from notebook 08's parameters (not the HtFL ones)."""
+    rounds = schedule(params["fmcl_rounds"], params["fmcl_local_epochs"])
+    return f"{rounds}, {params['num_clients']} clients, {params['fmcl_arch']}"
 
 
 def _path(path: Path, relative_to: str | Path | None) -> str:

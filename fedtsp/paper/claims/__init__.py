@@ -24,10 +24,10 @@ from fedtsp.paper.claims.registry import BY_ID, CLAIMS, Claim
 from fedtsp.paper.claims.report import (
     authors_reading,
     authors_table,
-    controls_reading,
     controls_table,
     findings_frame,
     reading,
+    section_reading,
     write_report,
 )
 from fedtsp.paper.claims.rule import (
@@ -73,7 +73,6 @@ __all__ = [
     "authors_table",
     "compare",
     "context",
-    "controls_reading",
     "controls_table",
     "fedtsp_labels",
     "findings_frame",
@@ -86,6 +85,7 @@ __all__ = [
     "overall",
     "privacy",
     "reading",
+    "section_reading",
     "semantics",
     "verdict",
     "write_report",

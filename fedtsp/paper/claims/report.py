@@ -12,6 +12,7 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.paper.claims.findings import control_part
 from fedtsp.paper.claims.registry import BY_ID, CLAIMS
 from fedtsp.paper.claims.rule import (
+    ALPHA,
     CONTRADICTED,
     EQUIVALENT,
     HOLDS,
@@ -139,7 +140,7 @@ def bottom_line(frame: pd.DataFrame, summary: pd.DataFrame, setting: str) -> lis
 
 def _setting(profile: str) -> str:
     """The profile's scale in a phrase: schedule, clients, data; FMCL's setting of its own."""
-    from fedtsp.paper.profiles import load_profile, notebook_parameters
+    from fedtsp.paper.profiles import fmcl_setting, load_profile, notebook_parameters, schedule
 
     try:
         prof = load_profile(profile)
@@ -148,15 +149,10 @@ def _setting(profile: str) -> str:
         return f"the `{profile}` profile"
     base = prof.base
     return (
-        f"the `{profile}` profile's scale ({_schedule(base['rounds'], base['local_epochs'])}, "
+        f"the `{profile}` profile's scale ({schedule(base['rounds'], base['local_epochs'])}, "
         f"{base['num_clients']} clients on {base['fraction']:.0%} of each dataset; FMCL's "
-        f"claims: {_schedule(fmcl['fmcl_rounds'], fmcl['fmcl_local_epochs'])}, "
-        f"{fmcl['num_clients']} clients, {fmcl['fmcl_arch']}; n = paired seeds)"
+        f"claims: {fmcl_setting(fmcl)}; n = paired seeds)"
     )
-
-
-def _schedule(rounds: int, epochs: int) -> str:
-    return f"{rounds} rounds x {epochs} local epoch{'s' * (epochs > 1)}"
 
 
 def _why(parts: pd.DataFrame) -> str:
@@ -177,6 +173,58 @@ def reading(findings: Sequence[Finding]) -> str:
         lines.append(f"**{claim_id}** {claim.claim}: **{overall(parts['verdict'])}**.")
     body = to_markdown(findings_table(frame))
     return "\n\n".join([*lines, body, RULE_LINK])
+
+
+# What a claim's verdict means for the paper, said after the verdict in a section's reading.
+_MEANS = {
+    HOLDS: "the data support the paper here",
+    CONTRADICTED: "the data go against the paper here",
+    EQUIVALENT: "a measured no difference",
+    NOT_SEPARATED: "these seeds cannot tell the effect from no difference",
+    NOT_TESTABLE: "this setting cannot test it",
+}
+
+
+def part_reading(found: Finding) -> str:
+    """One part of a claim in words: the paired effect with its interval and seeds, the
+    verdict, and what a reader could misread about it (a significant difference inside the
+    margin, a test that passes alone but not after Holm, an interval of no width)."""
+    row = next(findings_frame([found]).itertuples())
+    head = f"{found.scope}: {found.comparison}"
+    if found.verdict == NOT_TESTABLE:
+        return f"{head}: not testable here ({found.reason or 'no runs'})"
+    text = f"{head} {effect_text(row)} (n = {found.effect.n}): {found.verdict}"
+    effect, margin, notes = found.effect, found.margin, []
+    inside = -margin < effect.ci_low and effect.ci_high < margin
+    if found.kind == "above" and found.verdict in (HOLDS, CONTRADICTED) and inside:
+        notes.append(f"the whole interval lies inside ± {margin:g}, so the difference is small")
+    raw = dict(found.tests)
+    first = {"above": "differs", "within": "equivalent", "no_worse": "no_worse"}[found.kind]
+    if found.verdict == NOT_SEPARATED and raw.get(first, 1.0) < ALPHA:
+        notes.append(f"p = {raw[first]:.3f} alone, {found.p_holm:.3f} after Holm within the claim")
+    if effect.std == 0:
+        notes.append(f"all {effect.n} seeds gave the same difference, so the interval has no width")
+    if found.reason:
+        notes.append(found.reason)
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def section_reading(findings: Sequence[Finding], claim_ids: Sequence[str]) -> str:
+    """Markdown a notebook prints under a table or figure: for each claim it bears on, the
+    verdict, what it means for the paper, and every part in words (`part_reading`)."""
+    lines = []
+    for claim_id in claim_ids:
+        parts = [f for f in findings if f.claim == claim_id]
+        if not parts:
+            lines.append(f"**{claim_id}**: no findings (no runs at this profile).")
+            continue
+        verdict = overall(f.verdict for f in parts)
+        means = _MEANS[verdict]
+        if verdict == NOT_SEPARATED and all(f.verdict != NOT_SEPARATED for f in parts):
+            means = "its parts point different ways"
+        said = [f"**{claim_id}** ({BY_ID[claim_id].claim}): **{verdict}**, {means}."]
+        lines.append("\n".join(said + [f"- {part_reading(f)}" for f in parts]))
+    return "**Reading.** " + "\n\n".join(lines)
 
 
 def controls_table(
@@ -258,24 +306,6 @@ def authors_reading(table: pd.DataFrame) -> str:
         f"Reading: every choice of the authors' code at once moves FedTSP's best-round "
         f"accuracy by {said}; claim F17 holds where the 95 % interval lies inside its "
         f"margin (n = {table['seeds paired'].min()} paired seeds)."
-    )
-
-
-def controls_reading(table: pd.DataFrame) -> str:
-    """One sentence on `controls_table`: how many controls the text is ahead of, level
-    with, not separated from, behind, or not testable against."""
-    counts = table["verdict"].value_counts()
-    said = {
-        "ahead of": HOLDS,
-        "equivalent to": EQUIVALENT,
-        "not separated from": NOT_SEPARATED,
-        "behind": CONTRADICTED,
-        "not testable against": NOT_TESTABLE,
-    }
-    tally = ", ".join(f"{words} {counts.get(v, 0)}" for words, v in said.items())
-    return (
-        f"Reading: of {len(table)} controls, the text is {tally} (claim F11, Holm-corrected "
-        f"within the claim; n = {table['seeds paired'].min()} paired seeds)."
     )
 
 
