@@ -551,3 +551,23 @@ def test_pacfl_beta_is_the_committed_best_case_of_its_sweep_and_reaches_the_runs
     mixed = committed["populations"]["mixed-domain"]["mean_ari_by_beta"]
     assert mixed[str(committed["populations"]["mixed-domain"]["beta_degrees"])] == 1.0
     assert mixed["4.9"] == 0.0
+
+
+def test_the_beta_reading_gives_each_populations_choice_against_the_authors_beta(tmp_path):
+    from fedtsp.paper.fmcl.pacfl_beta import beta_reading, beta_table
+
+    chosen = {
+        "label-groups": {
+            "beta_degrees": 2.3,
+            "mean_ari": 0.35,
+            "mean_ari_by_beta": {"4.9": 0.0},
+            "clusters_by_beta": {"2.3": [5, 6, 5]},
+        }
+    }
+    path = tmp_path / "beta.json"
+    path.write_text(json.dumps({"populations": chosen}))
+    reading = beta_reading(beta_table(["label-groups", "new-population"], path))
+    assert (
+        "label-groups: 2.3 degrees, mean ARI 0.35 (clusters per tuning seed: 5, 6, 5) " in reading
+    )
+    assert "against 0.00 at 4.9; new-population: not tuned: 4.9 degrees." in reading
