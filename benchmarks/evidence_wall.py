@@ -7,9 +7,10 @@ The batch spans sessions (a session's command is killed at its end and the store
 so no single command times it. The log is the measurement: `benchmarks/batch_heartbeat.sh`
 writes `start`, a `beat` a minute and `end` beside the batch, and `benchmarks/batch_pause.sh`
 adds `pause` / `resume` lines (the batch was paused, never killed, while the foreground
-measured something), each with its UTC time. Each invocation counts from its start to its
-last sign of life, less its pauses; any time two invocations were alive at once is reported
-(it would be counted twice).
+measured something) and `shared` / `alone` lines (the batch at the lowest priority while a
+CI run shared the machine: counted as work, and reported), each with its UTC time. Each
+invocation counts from its start to its last sign of life, less its pauses; any time two
+invocations were alive at once is reported (it would be counted twice).
 
 Records that no logged invocation covers (notebook 08's runs, made by an earlier batch at
 its addendum's commit, whose log was lost with the machine it ran on) are measured from
@@ -37,41 +38,51 @@ from fedtsp.paper.profiles import analysis_plan_files, load_profile
 
 LOGS = [REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt"]
 OUT = REPO_ROOT / "benchmarks" / "results" / "evidence_wall.json"
-LINE = re.compile(r"^(start|beat|end|pause|resume) (\S+Z)")
+LINE = re.compile(r"^(start|beat|end|pause|resume|shared|alone) (\S+Z)")
 
 
 def _time(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def _close_pause(out: list[dict[str, Any]], paused_at: datetime | None) -> None:
-    """An invocation that ended while paused: its pause lasted to its last sign of life."""
-    if out and paused_at is not None:
-        out[-1]["paused"] += (out[-1]["last"] - paused_at).total_seconds()
+# Log lines that open and close a span of an invocation: paused (not counted as work), and
+# shared (the batch at the lowest priority beside heavy foreground work; counted, reported).
+SPANS = {"pause": ("paused", True), "resume": ("paused", False)}
+SPANS |= {"shared": ("shared", True), "alone": ("shared", False)}
 
 
 def invocations(log: str) -> list[dict[str, Any]]:
-    """Each invocation of the batch: start, last sign of life, paused and active seconds."""
+    """Each invocation of the batch: start, last sign of life, and its paused, shared and
+    active (alive less paused) seconds. A span still open when the invocation ends lasts to
+    its last sign of life."""
     out: list[dict[str, Any]] = []
-    paused_at = None
+    opened: dict[str, datetime] = {}
+
+    def close() -> None:
+        for span, since in opened.items():
+            out[-1][span] += (out[-1]["last"] - since).total_seconds()
+        opened.clear()
+
     for raw in log.splitlines():
         m = LINE.match(raw)
         if not m:
             continue
         kind, when = m.group(1), _time(m.group(2))
         if kind == "start":
-            _close_pause(out, paused_at)
-            paused_at = None
+            if out:
+                close()
             note = raw.split(" note: ")[1] if " note: " in raw else ""
-            out.append({"start": when, "last": when, "paused": 0.0, "note": note})
-        elif kind == "pause":
-            paused_at = when
-        elif kind == "resume" and paused_at is not None:
-            out[-1]["paused"] += (when - paused_at).total_seconds()
-            paused_at = None
+            out.append({"start": when, "last": when, "paused": 0.0, "shared": 0.0, "note": note})
+        elif out and kind in SPANS:
+            span, opens = SPANS[kind]
+            if opens:
+                opened.setdefault(span, when)
+            elif span in opened:
+                out[-1][span] += (when - opened.pop(span)).total_seconds()
         if out and kind in ("beat", "end"):
             out[-1]["last"] = when
-    _close_pause(out, paused_at)
+    if out:
+        close()
     for inv in out:
         inv["active"] = (inv["last"] - inv["start"]).total_seconds() - inv["paused"]
     return out
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         key=lambda inv: inv["start"],
     )
     logged = sum(inv["active"] for inv in found)
+    shared = sum(inv["shared"] for inv in found)
     overlap = overlap_seconds(found)
     unlogged = [r for r in runs if not any(_covers(inv, r) for inv in found)]
     spans = run_spans(unlogged)
@@ -141,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             for inv in found
         ],
         "logged_seconds": round(logged, 1),
+        "shared_seconds": round(shared, 1),
         "unlogged_runs": len(unlogged),
         "unlogged_spans": [[a.isoformat(), b.isoformat()] for a, b in spans],
         "unlogged_seconds": round(from_records, 1),
@@ -151,18 +164,19 @@ def main(argv: list[str] | None = None) -> int:
         "measured_over_estimate": round(measured / estimate, 3),
     }
     rows = [
-        "| invocation | start (UTC) | last sign of life | paused | active |",
-        "|---:|---|---|---:|---:|",
+        "| invocation | start (UTC) | last sign of life | paused | active | of which shared |",
+        "|---:|---|---|---:|---:|---:|",
     ]
     for i, inv in enumerate(found, 1):
         rows.append(
             f"| {i} | {inv['start']:%Y-%m-%d %H:%M} | {inv['last']:%H:%M} | "
-            f"{inv['paused'] / 60:.0f} min | {inv['active'] / 3600:.2f} h |"
+            f"{inv['paused'] / 60:.0f} min | {inv['active'] / 3600:.2f} h | "
+            f"{inv['shared'] / 60:.0f} min |"
         )
     for start, end in spans:
         rows.append(
             f"| from records | {start:%Y-%m-%d %H:%M} | {end:%H:%M} | - | "
-            f"{(end - start).total_seconds() / 3600:.2f} h |"
+            f"{(end - start).total_seconds() / 3600:.2f} h | - |"
         )
     rows += [
         "",
@@ -171,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         f"in which at least one of the {len(unlogged)} runs no log covers was running, from "
         f"their records. The records' own wall times over {profile.workers} workers: "
         f"{records / 3600:.2f} h; the plan's estimate: {estimate / 3600:.2f} h "
-        f"(measured / estimate = {measured / estimate:.2f}). Invocations alive at the same "
-        f"time: {overlap / 60:.0f} min.",
+        f"(measured / estimate = {measured / estimate:.2f}). Of the logged time, "
+        f"{shared / 60:.0f} min ran at the lowest priority beside foreground work (a CI run), "
+        f"so slower than alone. Invocations alive at the same time: {overlap / 60:.0f} min.",
     ]
     write_result(OUT, payload, "\n".join(rows))
     print("\n".join(rows))

@@ -247,13 +247,16 @@ def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
             "beat 2026-12-05T10:50:00Z records=3",
             "resume 2026-12-05T11:00:00Z",
             "beat 2026-12-05T12:00:00Z records=9",
+            "shared 2026-12-05T12:10:00Z",  # a CI run beside it until the end
+            "end 2026-12-05T12:30:00Z records=9",
             "start 2026-12-05T13:00:00Z records=9 pid=2",
             "pause 2026-12-05T13:30:00Z",
             "beat 2026-12-05T13:45:00Z records=9",  # killed while paused
         ]
     )
     found = wall.invocations(log)
-    assert [inv["active"] / 60 for inv in found] == [100, 30]
+    assert [inv["active"] / 60 for inv in found] == [130, 30]
+    assert [inv["shared"] / 60 for inv in found] == [20, 0]
     assert found[0]["note"] == "at 4715453" and found[1]["note"] == ""
     # A second batch's invocation overlapping the last one by 15 minutes is reported.
     other = wall.invocations("start 2026-12-05T13:30:00Z records=0 pid=7\nend 2026-12-05T14:00:00Z")
