@@ -26,6 +26,7 @@ import torch
 
 from fedtsp.algorithms import ALGORITHMS
 from fedtsp.core.config import RunConfig
+from fedtsp.core.machine import cpu_class, same_class
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import code_version
 from fedtsp.data import load_dataset
@@ -166,15 +167,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             parser.error("record writes the whole set; --only is for check")
         runs = regression_set()
-        payload = {"code_version": code_version(), "runs": runs}
+        payload = {"code_version": code_version(), "cpu": cpu_class(), "runs": runs}
         out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(runs)} runs")
         return 0
     if not out.exists():
         parser.error(f"--out {out}: no recorded set there; run `record` first")
-    expected = json.loads(out.read_text())["runs"]
+    recorded = json.loads(out.read_text())
+    expected = recorded["runs"]
     found = differences(expected, regression_set(args.only), partial=bool(args.only))
     print("\n".join(found) if found else "every run is identical to the recorded set")
+    if found and same_class(recorded.get("cpu"), cpu_class()) is not True:  # why all may differ
+        print(
+            "note: the set was recorded on another CPU class (or names none): every history "
+            "may differ in its last bits; record a baseline here at the earlier commit first"
+        )
     return 1 if found else 0
 
 
