@@ -124,18 +124,29 @@ def bottom_line(frame: pd.DataFrame, summary: pd.DataFrame, setting: str) -> lis
                 clauses.append(f"{claim}{_why(parts)}")
                 continue
             if verdict == NOT_SEPARATED:  # a part decided either way is worth a reader's eye
-                counts = parts["verdict"].value_counts()
-                mixed = ", ".join(f"{counts[v]} {v}" for v in VERDICTS if v in counts)
-                clauses.append(claim + (f" ({mixed})" if len(counts) > 1 else ""))
+                decided = parts[~parts["verdict"].isin([NOT_SEPARATED, NOT_TESTABLE])]
+                quoted = [
+                    f"{_quote(r)} {r.verdict}" for r in decided.head(_MOST_PARTS).itertuples()
+                ]
+                extra, rest = len(decided) - len(quoted), len(parts) - len(decided)
+                if extra:
+                    quoted.append(f"{extra} more decided part{'s' * (extra > 1)} (below)")
+                if rest:
+                    quoted.append(f"{rest} part{'s' * (rest > 1)} not separated or not testable")
+                clauses.append(claim + (f" ({'; '.join(quoted)})" if len(decided) else ""))
                 continue
             decided = parts[parts["verdict"] == verdict]
-            quoted = [f"{r.scope}: {r.comparison} {effect_text(r)} (n = {int(r.n)})"
-                      for r in decided.head(_MOST_PARTS).itertuples()]  # fmt: skip
+            quoted = [_quote(r) for r in decided.head(_MOST_PARTS).itertuples()]
             more = len(decided) - len(quoted)
             quoted += [f"{more} more part{'s' * (more > 1)}"] if more > 0 else []
             clauses.append(f"{claim} ({BY_ID[claim].claim}): {'; '.join(quoted)}")
         lines.append(f"**{said}:** " + " · ".join(clauses) + ".")
     return lines
+
+
+def _quote(row: Any) -> str:
+    """A part as the bottom line quotes it: scope, comparison, effect and paired seeds."""
+    return f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)})"
 
 
 def _setting(profile: str) -> str:
