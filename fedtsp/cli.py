@@ -329,6 +329,19 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     ver.add_argument("--results", default="results", help="results root (default: results)")
     ver.add_argument("--report", metavar="FILE", help="also write the result as Markdown")
 
+    claims = sub.add_parser(
+        "claims",
+        help="the papers' claims and their verdicts at a profile, from its claims.csv",
+        description="Print a profile's bottom line and every claim's verdict; with claim ids, "
+        "those claims' parts (effect, 95 %% interval, paired seeds, verdict); with --against, "
+        "which verdicts changed from another profile's and what moved (seeds, rival, interval "
+        "width, convergence, testability). Reads the committed results; runs nothing.",
+    )
+    claims.add_argument("ids", nargs="*", metavar="ID", help="claims to show, e.g. F11 M2")
+    claims.add_argument("--profile", default="cpu", help="whose verdicts (default: cpu)")
+    claims.add_argument("--against", metavar="PROFILE", help="compare with this profile's verdicts")
+    claims.add_argument("--results", default="results", help="results root (default: results)")
+
     part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
     _add_data_args(part, defaults)
     part.add_argument(
@@ -576,6 +589,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_claims(args: argparse.Namespace) -> int:
+    for name in (args.profile, args.against or args.profile):
+        _check_profile(name)
+    if args.against == args.profile:
+        raise UserError(f"--against {args.against} names --profile itself; name another profile")
+    from fedtsp.paper.claims.changes import changes_markdown, claims_markdown
+
+    if args.against:
+        text = changes_markdown(args.results, args.against, args.profile, args.ids)
+    else:
+        text = claims_markdown(args.results, args.profile, args.ids)
+    print(text, end="")
+    return 0
+
+
 def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -> int:
     """Print `exc` as one line and return `status`; with --debug / FEDTSP_DEBUG re-raise it."""
     if args.debug or debug_requested():
@@ -596,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         "describe": run_describe,
         "reproduce": _cmd_reproduce,
         "verify": _cmd_verify,
+        "claims": _cmd_claims,
     }
     try:
         return handlers[args.command](args)

@@ -393,3 +393,62 @@ def test_the_authors_runs_are_judged_within_the_margin_per_dataset():
     assert numbers.loc[1, "difference_mean"] == pytest.approx(-3.0 + sum(spread) / 6)
     reading = C.authors_reading(table)
     assert "cifar10 +0.2" in reading and "(holds)" in reading and "(contradicted)" in reading
+
+
+def _profile_claims(root, profile, findings):
+    folder = root / profile
+    (folder / "claims").mkdir(parents=True)
+    C.findings_frame(C.judge(findings)).to_csv(folder / "claims" / "03.csv", index=False)
+    C.write_report(folder, profile)
+
+
+def test_claims_against_another_profile_say_which_verdicts_moved_and_why(tmp_path, capsys):
+    from fedtsp.cli import main
+
+    few = {0: 60.0, 1: 61.5, 2: 60.2}, {0: 59.0, 1: 61.0, 2: 60.4}  # n = 3, not separated
+    more = (
+        {s: 61.0 + 0.1 * s + 0.2 * (-1) ** s for s in range(8)},
+        {s: 59.5 + 0.1 * s for s in range(8)},
+    )
+    _profile_claims(tmp_path, "cpu", [
+        C.compare("F3", "cifar10, Dir(0.1)", "FedTSP-MiniLM - FedTGP (strongest of 3)", *few),
+        C.compare("F4", "cifar10, Dir(0.1)", "FedTSP-MiniLM - Local (strongest of 11)", *few),
+    ])  # fmt: skip
+    _profile_claims(tmp_path, "evidence", [
+        C.compare("F3", "cifar10, Dir(0.1)", "FedTSP-MiniLM - FedProto (strongest of 3)", *more),
+        C.compare("F4", "cifar10, Dir(0.1)", "FedTSP-MiniLM - Local (strongest of 11)", *few),
+        C.compare("F6", "htfe2-cpu, cifar10", "FedTSP-MiniLM - FedProto (strongest of 3)", *more),
+    ])  # fmt: skip
+    args = ["claims", "--results", str(tmp_path), "--profile", "evidence", "--against", "cpu"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "2 of 20 claims changed verdict; 1 parts tested on both sides changed theirs." in text
+    assert (
+        "| F3 | FedTSP is more accurate than" in text and "| not separated | holds | yes |" in text
+    )
+    # The rival's name is not the part's identity: the data choose it.
+    moved = next(line for line in text.splitlines() if line.startswith("| F3 | cifar10"))
+    assert (
+        "the strongest of 3" in moved
+        and "not separated: +0.43 [-1.06, +1.93] points (n = 3)" in moved
+    )
+    assert "holds: +1.50 [+1.32, +1.68] points (n = 8)" in moved
+    assert "seeds 3 → 8; strongest rival FedTGP → FedProto; interval ± 1.50 → ± 0.18" in moved
+    assert (
+        "| F6 | htfe2-cpu, cifar10: FedTSP-MiniLM - the strongest of 3 | evidence | holds:" in text
+    )
+    assert "| F4 | cifar10" not in text  # same verdict on both sides: not listed as moved
+    assert main(["claims", "F4", "--results", str(tmp_path)]) == 0
+    assert (
+        "| F4 | cifar10, Dir(0.1): FedTSP-MiniLM - Local (strongest of 11) |"
+        in capsys.readouterr().out
+    )
+    assert main(["claims", "F99", "--results", str(tmp_path)]) == 2
+    assert main(["claims", "--results", str(tmp_path), "--against", "cpu"]) == 2
+    assert main(["claims", "--results", str(tmp_path), "--profile", "paper"]) == 2
+    errors = capsys.readouterr().err.splitlines()
+    assert errors[0].startswith("fedtsp: error: unknown claim 'F99'; choose from F1, F2,")
+    assert errors[1] == "fedtsp: error: --against cpu names --profile itself; name another profile"
+    assert errors[2].endswith(
+        "profile 'paper' has no claims yet; run `fedtsp reproduce --profile paper` first"
+    )

@@ -12,6 +12,7 @@ from typing import Any
 
 from fedtsp.algorithms.fedtsp import PROMPT_VARIANTS
 from fedtsp.data.populations import POPULATIONS
+from fedtsp.paper.claims.findings import AUTHORS_RUNS  # Table 2's extra rows
 from fedtsp.paper.experiments import DataSource, RunSpec, method_config, seed_group
 from fedtsp.paper.fmcl.benchmark import benchmark_specs
 from fedtsp.text.descriptions import DESCRIPTION_SETS_DIR
@@ -85,8 +86,6 @@ ABLATION_ROWS = (
     ("(5) LLM descriptions + trainable prompts (FedTSP)", "long", True),
 )
 LOCAL_ROW = "(1) local only"
-# Table 2's extra rows: every choice of the authors' code at once beside the paper's reading.
-AUTHORS_RUNS = ("FedTSP (authors' runs)", "FedTSP-MiniLM")
 
 
 def ablations(params: dict[str, Any], source: DataSource) -> list[RunSpec]:

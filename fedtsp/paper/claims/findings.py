@@ -29,13 +29,14 @@ from fedtsp.paper.claims.rule import (
     strongest,
 )
 from fedtsp.paper.floors import CEILING
-from fedtsp.paper.notebook_runs import AUTHORS_RUNS
 
 if TYPE_CHECKING:
     from fedtsp.paper.claims.analysis_plan import AnalysisPlan
 
 PROTOTYPE_BASELINES = ("FedProto", "FedTGP", "AlignFed")
 CLUSTERING_BASELINES = ("ifca", "cfl", "pacfl")
+# F17's two sides: every choice of the authors' code at once, and the paper's reading.
+AUTHORS_RUNS = ("FedTSP (authors' runs)", "FedTSP-MiniLM")
 
 
 def fedtsp_labels(methods: Iterable[str]) -> list[str]:

@@ -149,7 +149,7 @@ def _quote(row: Any) -> str:
     return f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)})"
 
 
-def _setting(profile: str) -> str:
+def profile_setting(profile: str) -> str:
     """The profile's scale in a phrase: schedule, clients, data; FMCL's setting of its own."""
     from fedtsp.paper.profiles import fmcl_setting, load_profile, notebook_parameters, schedule
 
@@ -334,7 +334,7 @@ def write_report(folder: Path, profile: str) -> Path:
             for c in CLAIMS
         ]
     )
-    bottom = bottom_line(frame, summary, _setting(profile))
+    bottom = bottom_line(frame, summary, profile_setting(profile))
     lines = [
         f"# Claims and verdicts (profile `{profile}`)",
         "",
