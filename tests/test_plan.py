@@ -209,5 +209,10 @@ def test_progress_estimates_the_finish_from_the_plans_estimates(capsys):
     progress.finished("a", "run a", error="boom")
     assert progress.status().startswith("1/4 done, 1 running, 1 left, 1 failed")
     assert "FAILED: boom" in capsys.readouterr().out
+    # Before any run starts, the executor's workers set the pace (at most one per run left).
+    two = BatchProgress({"a": 100.0, "b": 100.0, "c": 50.0}, show_bar=False, parallel=2)
+    assert two.remaining_seconds() == 250.0 / 2
+    two.finished("a", "run a"), two.finished("b", "run b")
+    assert two.remaining_seconds() == 50.0
     unknown = BatchProgress({"a": 10.0, "b": None}, show_bar=False)
     assert unknown.remaining_seconds() is None and "finish" not in unknown.status()

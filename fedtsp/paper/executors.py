@@ -38,13 +38,16 @@ def describe_run(config: RunConfig) -> str:
 class BatchProgress:
     """Runs done / running / left and the estimated finish of a batch.
 
-    ``estimates``: the plan's seconds per run (None where it has none). The finish assumes
-    the runs now running keep the pace: what is left (the waiting runs' estimates, and the
-    running runs' estimates less their time so far) divided by the number running.
+    ``estimates``: the plan's seconds per run (None where it has none); ``parallel``: the runs
+    the executor runs at once, where it knows before they start. The finish assumes the runs
+    keep that pace: what is left (the waiting runs' estimates, and the running runs'
+    estimates less their time so far) divided by the runs running, or by ``parallel`` (at
+    most the runs left) while fewer have started.
     """
 
     estimates: dict[str, float | None]
     show_bar: bool = True
+    parallel: int = 1
     done: int = 0
     failed: int = 0
     running: dict[str, float] = field(default_factory=dict)  # key -> monotonic start
@@ -98,7 +101,7 @@ class BatchProgress:
         ]
         if any(p is None for p in parts):
             return None
-        return sum(parts) / max(len(self.running), 1)
+        return sum(parts) / max(len(self.running), min(self.parallel, len(parts)), 1)
 
     def status(self) -> str:
         total = len(self.estimates)
@@ -117,9 +120,11 @@ class BatchProgress:
 
 class Executor(Protocol):
     # Whether the runs execute on this machine (its device is checked before they start),
-    # and the threads each run gets (the plan's estimates are calibrated at that count).
+    # the threads each run gets (the plan's estimates are calibrated at that count), and
+    # how many runs it runs at once as far as it knows before they start (1: unknown).
     runs_here: bool
     threads_per_run: int
+    parallel_runs: int
 
     def run(
         self, todo: dict[str, RunConfig], source: Any, store: Path, progress: BatchProgress
@@ -159,6 +164,10 @@ class LocalExecutor:
     @property
     def threads_per_run(self) -> int:
         return 1 if self.workers > 1 else torch.get_num_threads()
+
+    @property
+    def parallel_runs(self) -> int:
+        return self.workers
 
     def run(
         self, todo: dict[str, RunConfig], source: Any, store: Path, progress: BatchProgress

@@ -212,7 +212,7 @@ def run_all(
         from fedtsp.paper.plan import run_estimates  # the plan imports this module
 
         estimates = run_estimates(todo, source, Path(store), executor.threads_per_run)
-        bar = BatchProgress(estimates, show_bar=progress)
+        bar = BatchProgress(estimates, show_bar=progress, parallel=executor.parallel_runs)
         bar.say(f"{len(set(keys)) - len(todo)} runs from the store, {len(todo)} to run")
         try:
             errors = executor.run(todo, source, Path(store), bar)

@@ -115,6 +115,7 @@ class RayExecutor:
     retries: int = 1
     runs_here = False  # the cluster's nodes have the devices, not necessarily this one
     threads_per_run = 1  # the driver's estimates: one thread per run, as on a CPU node
+    parallel_runs = 1  # the cluster's share is known once tasks start (the board counts them)
 
     def run(
         self, todo: dict[str, RunConfig], source: Any, store: Path, progress: BatchProgress
