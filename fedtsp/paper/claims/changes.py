@@ -1,9 +1,11 @@
 """How the verdicts moved from one profile's claims to another's (e.g. `cpu` to `evidence`).
 
 Both sides are the committed `results/<profile>/claims.csv`. A part is the same part on both
-sides when its claim, scope and comparison match, the comparison read without the name of
-the strongest rival (which the data choose, so it may differ between profiles). What moved
-is said from the two rows alone: seeds, rival, interval width, convergence, testability.
+sides when its claim, scope and comparison match, the comparison read without how its
+rival was chosen: "FedTSP-MiniLM - FedTGP (strongest of 3)", where the data chose FedTGP,
+and "FedTSP-MiniLM - FedTGP", named in advance by an analysis plan, are one part; a part
+with another rival is another part. What moved is said from the two rows alone: seeds, how
+the rival was chosen, interval width, convergence, testability.
 """
 
 from __future__ import annotations
@@ -27,10 +29,7 @@ from fedtsp.paper.claims.rule import NOT_TESTABLE
 from fedtsp.paper.tables import to_markdown
 
 _NOT_CONVERGED = "not converged"
-# "FedTSP-MiniLM - FedTGP (strongest of 3)" and "rounds to 95 % of FedTGP's best: FedTGP
-# minus FedTSP-MiniLM": the rival's name, which the part's identity leaves out.
-_STRONGEST = re.compile(r"(?P<rival>\S+) \(strongest of (?P<n>\d+)\)")
-_ROUNDS_TO = re.compile(r"of (?P<rival>\S+)'s best: (?P=rival) minus")
+_STRONGEST = re.compile(r" \((strongest of \d+)\)")  # the data chose the rival
 
 
 def read_claims(results_root: str | Path, profile: str) -> pd.DataFrame:
@@ -48,22 +47,18 @@ def read_claims(results_root: str | Path, profile: str) -> pd.DataFrame:
 
 
 def part_identity(comparison: str) -> tuple[str, str]:
-    """(the comparison without its rival's name, the rival's name or "")."""
-    for pattern, said in (
-        (_STRONGEST, r"the strongest of \g<n>"),
-        (_ROUNDS_TO, "of the strongest's best: the strongest minus"),
-    ):
-        found = pattern.search(comparison)
-        if found:
-            return pattern.sub(said, comparison), found["rival"]
-    return comparison, ""
+    """(the comparison without how its rival was chosen, how: "the strongest of N" where
+    the data chose it, else "named in advance")."""
+    found = _STRONGEST.search(comparison)
+    chosen = f"the {found[1]}" if found else "named in advance"
+    return _STRONGEST.sub("", comparison), chosen
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:
     names = [part_identity(c) for c in frame["comparison"]]
     return frame.assign(
         part=[f"{s}: {n}" for s, (n, _) in zip(frame["scope"], names, strict=True)],
-        rival=[r for _, r in names],
+        chosen=[c for _, c in names],
     )
 
 
@@ -73,8 +68,8 @@ def what_moved(before: Any, after: Any) -> str:
     said = []
     if int(before.n) != int(after.n):
         said.append(f"seeds {int(before.n)} → {int(after.n)}")
-    if before.rival != after.rival:
-        said.append(f"strongest rival {before.rival} → {after.rival}")
+    if before.chosen != after.chosen:
+        said.append(f"rival {before.chosen} → {after.chosen}")
     widths = [(r.ci_high - r.ci_low) / 2 for r in (before, after)]
     if not any(pd.isna(w) for w in widths):
         said.append(f"interval ± {widths[0]:.2f} → ± {widths[1]:.2f}")
