@@ -296,8 +296,14 @@ def test_fork_defaults_clip_each_model_and_average_uniformly(tiny_data, algorith
 def test_fork_kl_reduction_divides_the_per_sample_kl_by_the_classes():
     gen = torch.Generator().manual_seed(0)
     student, teacher = torch.randn(8, 10, generator=gen), torch.randn(8, 10, generator=gen)
-    per_sample = distill_kl(student, teacher, reduction="batchmean")
+    q, log_p = teacher.softmax(1), student.log_softmax(1)
+    per_sample = (q * (q.log() - log_p)).sum() / 8  # KL(teacher || student), per sample
+    torch.testing.assert_close(distill_kl(student, teacher, reduction="batchmean"), per_sample)
     torch.testing.assert_close(distill_kl(student, teacher, reduction="mean"), per_sample / 10)
+    # At temperature T both sides are softened by T and the loss scaled by T^2.
+    q2, log_p2 = (teacher / 2).softmax(1), (student / 2).log_softmax(1)
+    softened = (q2 * (q2.log() - log_p2)).sum() / 8 * 4
+    torch.testing.assert_close(distill_kl(student, teacher, temperature=2.0), softened)
 
 
 @pytest.mark.parametrize("init", ["shared", "independent"])

@@ -214,7 +214,9 @@ def test_the_product_benchmark_measures_a_training_step():
     plain = bench.train_speed(
         "fedavgcnn_s", batch=8, steps=2, channels_last=None, device="cpu", point_convs=False
     )
-    assert fast > 0 and plain > 0  # images per second, both ways of running 1x1 convolutions
+    # Images per second, both ways of running 1x1 convolutions: a small CNN's CPU step on 8
+    # images takes milliseconds, neither nothing (no step timed) nor seconds.
+    assert all(50 < speed < 1e5 for speed in (fast, plain))
 
 
 def test_the_readme_is_a_map_whose_links_resolve():

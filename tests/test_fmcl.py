@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import synthetic_dataset
+from conftest import record_round, synthetic_dataset
 from sklearn.metrics import adjusted_rand_score
 
 from fedtsp.algorithms.cfl import cfl_bipartition
@@ -353,11 +353,22 @@ def test_fedavg_in_fixed_clusters_learns_and_counts_what_it_sends(domains, tmp_p
     model = 4 * sum(p.numel() for p in run.clients[0].model.parameters())  # no buffers
     assert rows[0]["bytes_down_per_client"] == model  # its cluster's model
     assert rows[0]["bytes_up_per_client"] == model + 8  # its model and its int64 train size
-    # Every cluster's model is the sample-weighted mean of its members' uploads.
-    run.loop().round(0)  # prepare() delivered the set-up's first message
-    for client in run.clients:  # one cluster: everyone holds the same weights
-        for a, b in zip(client.model.parameters(), run.clients[0].model.parameters(), strict=True):
-            assert torch.equal(a, b)
+    # Every cluster's model is the sample-weighted mean of its own members' uploads (the
+    # weighting itself is FedAvg's one rule, tested with unequal sizes in test_aggregation).
+    run = prepare(population_config("clusters", clusters="truth"), dataset=domains)
+    _, uploads, messages = record_round(run, 0)
+    key = next(k for k, v in messages[0].items() if v.is_floating_point())
+    assert not torch.allclose(messages[0][key], messages[1][key])  # two clusters, two models
+    for group in (0, 1):
+        members = [i for i, g in enumerate(truth["partition"]["groups"]) if g == group]
+        counts = [float(uploads[i]["num_samples"]) for i in members]
+        assert counts == [run.clients[i].num_train for i in members]
+        sent = messages[members[0]]
+        for key, value in sent.items():
+            torch.testing.assert_close(messages[members[1]][key], value)  # one per cluster
+            if value.is_floating_point():
+                want = sum(c * uploads[i][key] for c, i in zip(counts, members, strict=True))
+                torch.testing.assert_close(value, want / sum(counts))
     local = run_experiment(
         population_config("clusters", clusters="each"), dataset=domains, out=tmp_path
     )

@@ -69,11 +69,10 @@ def test_real_photo_is_classified_sensibly(lite0):
 def test_random_weights_do_not_classify_the_photo():
     # The control: the same architecture untrained spreads its mass, so the test above
     # really checks the packaged weights.
-    names = imagenet_class_names()
     torch.manual_seed(0)
     enc = create_image_encoder("efficientnet-lite0", pretrained=False)
     probs = enc.logits(_grace_hopper()).softmax(1)[0]
-    assert names[int(probs.argmax())] != "military uniform" or probs.max() < 0.05
+    assert probs.max() < 0.01  # ~1/1000 each (the packaged weights give > 0.2)
 
 
 def test_cifar10_images_cluster_by_class(lite0):

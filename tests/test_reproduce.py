@@ -169,6 +169,21 @@ def test_smoke_reproduction_writes_every_artefact(smoke):
     assert list(table1.columns) == ["method", "dataset", "alpha", *numbers, "converged"]
     assert len(table1) == 13 * 2 and (table1["n"] == 1).all()
     assert table1["method"].tolist()[-1] == "Label prior"
+    # A cell is its run's best-round accuracy, and the floor row its label prior, in %.
+    from fedtsp.paper.floors import record_label_prior
+
+    (local,) = {
+        json.dumps([r["summary"]["best_acc"], record_label_prior(r)]): r
+        for r in map(json.loads, map(Path.read_text, (out / "runs").glob("*.json")))
+        if r.get("kind") == "federated"
+        and r["config"]["algorithm"] == "local"
+        and (r["config"]["dataset"], r["config"]["alpha"]) == ("cifar10", 0.1)
+        and r["config"]["family"] == "htfe-cpu"
+    }.values()
+    cells = table1[(table1["dataset"] == "cifar10") & (table1["alpha"] == 0.1)]
+    cell = dict(zip(cells["method"].str.rstrip(" *"), cells["mean"], strict=True))
+    assert cell["Local"] == pytest.approx(100 * local["summary"]["best_acc"])
+    assert cell["Label prior"] == pytest.approx(record_label_prior(local))  # already in %
     assert (out / "tables" / "table1_accuracy.tex").read_text().count(r"\\") >= 13
     table3 = pd.read_csv(out / "tables" / "table3_homogeneous.csv")
     assert set(table3["method"].str.rstrip(" *")) == {

@@ -72,8 +72,9 @@ def test_paired_power_matches_the_normal_approximation_for_many_seeds():
 
     # effect = 1 sd, 40 seeds: z-approximation power = Phi(sqrt(40) - 1.96) ~ 0.9999
     assert paired_power(1.0, 1.0, 40) > 0.999
-    # effect = 0.5 sd, 34 seeds: the textbook 80 % (normal approximation: 32)
-    assert 0.78 < paired_power(0.5, 1.0, 34) < 0.84
+    # effect = 0.5 sd, 34 seeds: the noncentral t's 0.8078 (G*Power's paired t-test, two
+    # tails; the normal approximation would need only 32 seeds for 80 %)
+    assert paired_power(0.5, 1.0, 34) == pytest.approx(0.8078, abs=1e-4)
     assert paired_power(0.0, 1.0, 10) == pytest.approx(0.05, abs=1e-9)  # the test's size
     assert paired_power(1.0, 1.0, 1) == 0.0
 
@@ -82,7 +83,7 @@ def test_seeds_for_power_finds_the_smallest_n():
     from fedtsp.paper.statistics import equivalence_power, paired_power, seeds_for_power
 
     n = seeds_for_power(lambda k: paired_power(0.5, 1.0, k))
-    assert paired_power(0.5, 1.0, n) >= 0.8 > paired_power(0.5, 1.0, n - 1)
+    assert n == 34 and paired_power(0.5, 1.0, n - 1) < 0.8  # the textbook n for d = 0.5
     assert seeds_for_power(lambda k: paired_power(0.01, 1.0, k), most=20) is None
     # equivalence needs more seeds than a difference of the same size
     m = seeds_for_power(lambda k: equivalence_power(0.5, 1.0, k))
