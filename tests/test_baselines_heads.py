@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_uploads_training_means, record_round, tiny_config
 
 from fedtsp.algorithms import RunContext, resolve_options
@@ -60,8 +61,19 @@ def test_fedgen_generator_learns_features_the_uploaded_heads_classify(tiny_data)
     assert torch.equal(client.state.label_counts, counts.sum(0).long())
     x, y = client.train_x[:20], client.train_y[:20]
     feats = client.model.features(x)
+    torch.manual_seed(1)
     extra = run.client_half.local_loss(client, x, y, feats, client.model.head(feats))
-    assert extra is not None and extra.requires_grad
+    # gen_weight x the head's cross-entropy on generated features of labels drawn from the
+    # global label counts (the same draws under the same seed); only the head gets gradients.
+    torch.manual_seed(1)
+    drawn = torch.multinomial(counts.sum(0), 20, replacement=True)
+    with torch.no_grad():
+        generated, _ = client.state.generator(drawn, client.state.feature_norm)
+    want = F.cross_entropy(client.model.head(generated), drawn)
+    assert float(extra) == pytest.approx(run.client_half.opts.gen_weight * float(want), rel=1e-5)
+    extra.backward()
+    assert client.model.head.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in client.state.generator.parameters())
     protos = server.artifacts()["global_prototypes"]
     assert protos.shape == (C, D) and bool((protos.norm(dim=1) > 0).all())
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import LATER_FIELDS, key_before_fields, record_round, tiny_config
 
 from fedtsp.algorithms.fedetf import simplex_etf
@@ -211,7 +212,13 @@ def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
     x, y = client.train_x[:8], client.train_y[:8]
     feats = client.model.features(x)
     align = run.client_half.local_loss(client, x, y, feats, client.model.head(feats))
-    assert align is not None and float(align.detach()) > 0
+    # lam x cross-entropy of the scaled cosines between the features and the text prototypes
+    # the server sent (unit rows), as in the heterogeneous setting.
+    text = F.normalize(run.server.text_protos, dim=1)
+    torch.testing.assert_close(client.state.targets, text)
+    cosines = F.normalize(feats.float(), dim=1) @ text.T
+    want = F.cross_entropy(client.state.logit_scale.exp() * cosines, y)
+    assert float(align) == pytest.approx(run.client_half.opts.lam * float(want), rel=1e-5)
     train_rounds(run, 1)
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
     assert run.server.text_protos.shape == (10, 384)
