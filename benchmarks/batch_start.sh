@@ -7,7 +7,8 @@
 # Creates WORKTREE at COMMIT if it is missing and copies the checkout's store of PROFILE into
 # it (the batch resumes from what is stored there); refuses a WORKTREE at another commit.
 # The batch runs `fedtsp reproduce --profile PROFILE` with the worktree's own code and this
-# checkout's virtual environment, one thread per process, its output in WORKTREE/batch.log;
+# checkout's virtual environment, one thread per process, a line per finished run in
+# WORKTREE/batch.log;
 # the heartbeat appends to LOG. Prints the batch's PID (for batch_pause.sh).
 set -eu
 worktree=$1 commit=$2 profile=$3 log=$4
@@ -28,7 +29,7 @@ if pgrep -f "fedtsp.cli reproduce --profile $profile" > /dev/null; then
     exit 2
 fi
 (cd "$worktree" && PYTHONPATH=. setsid nohup env OMP_NUM_THREADS=1 "$repo/.venv/bin/python" \
-    -m fedtsp.cli reproduce --profile "$profile" > batch.log 2>&1 < /dev/null &)
+    -m fedtsp.cli reproduce --profile "$profile" --no-progress > batch.log 2>&1 < /dev/null &)
 sleep 3
 pid=$(pgrep -f "fedtsp.cli reproduce --profile $profile" | head -1)
 setsid nohup "$repo/benchmarks/batch_heartbeat.sh" "$pid" "$worktree/$store" "$log" \
