@@ -28,8 +28,10 @@ if pgrep -f "fedtsp.cli reproduce --profile $profile" > /dev/null; then
     echo "a batch of profile $profile is already running" >&2
     exit 2
 fi
-(cd "$worktree" && PYTHONPATH=. setsid nohup env OMP_NUM_THREADS=1 "$repo/.venv/bin/python" \
-    -m fedtsp.cli reproduce --profile "$profile" --no-progress > batch.log 2>&1 < /dev/null &)
+cd "$worktree"  # a background job, not a subshell's: the script returns at once
+PYTHONPATH=. setsid nohup env OMP_NUM_THREADS=1 "$repo/.venv/bin/python" \
+    -m fedtsp.cli reproduce --profile "$profile" --no-progress > batch.log 2>&1 < /dev/null &
+cd "$repo"
 sleep 3
 pid=$(pgrep -f "fedtsp.cli reproduce --profile $profile" | head -1)
 setsid nohup "$repo/benchmarks/batch_heartbeat.sh" "$pid" "$worktree/$store" "$log" \
