@@ -334,8 +334,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="the papers' claims and their verdicts at a profile, from its claims.csv",
         description="Print a profile's bottom line and every claim's verdict; with claim ids, "
         "those claims' parts (effect, 95 %% interval, paired seeds, verdict); with --against, "
-        "which verdicts changed from another profile's and what moved (seeds, rival, interval "
-        "width, convergence, testability). Reads the committed results; runs nothing.",
+        "which verdicts changed from another profile's and what moved (seeds, how the rival was "
+        "chosen, interval width, convergence, testability). Reads the committed results; runs "
+        "nothing.",
     )
     claims.add_argument("ids", nargs="*", metavar="ID", help="claims to show, e.g. F11 M2")
     claims.add_argument("--profile", default="cpu", help="whose verdicts (default: cpu)")

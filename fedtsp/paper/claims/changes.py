@@ -23,6 +23,7 @@ from fedtsp.paper.claims.report import (
     effect_text,
     findings_table,
     profile_setting,
+    read_findings_csv,
     summary_table,
 )
 from fedtsp.paper.claims.rule import NOT_TESTABLE
@@ -40,10 +41,7 @@ def read_claims(results_root: str | Path, profile: str) -> pd.DataFrame:
             f"{path} does not exist: profile {profile!r} has no claims yet; "
             f"run `fedtsp reproduce --profile {profile}` first"
         )
-    frame = pd.read_csv(path)
-    for column in ("reason", "unit"):  # empty text reads back as NaN
-        frame[column] = frame[column].astype(object).fillna("")
-    return frame
+    return read_findings_csv(path)
 
 
 def part_identity(comparison: str) -> tuple[str, str]:
@@ -112,24 +110,18 @@ def verdict_changes(
         for old, new in pairs
         if old.verdict != new.verdict
     ]
+    tested = [set(zip(s["claim"], s["part"], strict=True)) for s in sides]
     alone = [
         {"claim": r.claim, "part": r.part, "tested at": name, "verdict": _side(r)}
-        for side, other, name in ((sides[0], sides[1], first), (sides[1], sides[0], second))
+        for side, other, name in ((sides[0], tested[1], first), (sides[1], tested[0], second))
         for r in side.itertuples()
-        if (r.claim, r.part) not in set(zip(other["claim"], other["part"], strict=True))
+        if (r.claim, r.part) not in other
     ]
     return (
         verdicts,
         pd.DataFrame(rows, columns=["claim", "part", first, second, "what moved"]),
         pd.DataFrame(alone, columns=["claim", "part", "tested at", "verdict"]),
     )
-
-
-def _check_ids(ids: list[str]) -> None:
-    known = [c.id for c in CLAIMS]
-    unknown = [i for i in ids if i not in known]
-    if unknown:
-        raise UserError(f"unknown claim {unknown[0]!r}; choose from {', '.join(known)}")
 
 
 def _check_ids(ids: list[str]) -> None:

@@ -320,12 +320,18 @@ def authors_reading(table: pd.DataFrame) -> str:
     )
 
 
-def write_report(folder: Path, profile: str) -> Path:
-    """Rewrite `<folder>/claims.md` and `claims.csv` from every `claims/<notebook>.csv`."""
-    parts = [pd.read_csv(p) for p in sorted((folder / "claims").glob("*.csv"))]
-    frame = pd.concat(parts, ignore_index=True) if parts else findings_frame([])
+def read_findings_csv(path: Path) -> pd.DataFrame:
+    """A findings frame as a CSV of `findings_frame` (or `claims.csv`) holds it."""
+    frame = pd.read_csv(path)
     for column in ("reason", "unit"):  # empty text reads back as NaN
         frame[column] = frame[column].astype(object).fillna("")
+    return frame
+
+
+def write_report(folder: Path, profile: str) -> Path:
+    """Rewrite `<folder>/claims.md` and `claims.csv` from every `claims/<notebook>.csv`."""
+    parts = [read_findings_csv(p) for p in sorted((folder / "claims").glob("*.csv"))]
+    frame = pd.concat(parts, ignore_index=True) if parts else findings_frame([])
     frame = frame.reindex(columns=findings_frame([]).columns)  # older files lack p_holm
     summary = summary_table(frame)
     registry = pd.DataFrame(
