@@ -134,7 +134,6 @@ def main(argv: list[str] | None = None) -> int:
             {k: v.isoformat() if isinstance(v, datetime) else v for k, v in inv.items()}
             for inv in found
         ],
-        "logged_seconds": round(logged, 1),
         "shared_seconds": round(shared, 1),
         "measured_seconds": round(logged, 1),
         "overlap_seconds": round(overlap, 1),
