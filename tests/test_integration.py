@@ -28,4 +28,6 @@ def test_cifar10_archive_two_rounds(cifar10_archive, tmp_path):
     # Dir(0.1) gives each client a few dominant classes, so even 2 rounds beat chance by far
     # (round 0, before training, scores 0.08; round 2 about 0.30).
     assert record["history"][0]["acc"] < 0.15 and record["summary"]["best_acc"] > 0.25
-    assert 0.05 < record["history"][-1]["global_acc"] < 1.0  # balanced official test set
+    # On the balanced official test set two rounds leave each client's model biased to its own
+    # few classes: about chance (0.09 here), far below the ~0.30 on the clients' own splits.
+    assert 0.05 < record["history"][-1]["global_acc"] < 0.2
