@@ -4,8 +4,9 @@
 #
 #   benchmarks/batch_start.sh WORKTREE COMMIT PROFILE LOG
 #
-# Creates WORKTREE at COMMIT if it is missing and copies the checkout's store of PROFILE into
-# it (the batch resumes from what is stored there); refuses a WORKTREE at another commit.
+# Creates WORKTREE at COMMIT if it is missing and puts the checkout's store of PROFILE in place
+# of the one committed at COMMIT (the batch resumes from what is stored there; records the
+# checkout has since removed must not come back); refuses a WORKTREE at another commit.
 # The batch runs `fedtsp reproduce --profile PROFILE` with the worktree's own code and this
 # checkout's virtual environment, one thread per process, a line per finished run in
 # WORKTREE/batch.log;
@@ -16,6 +17,7 @@ repo=$(pwd)
 store=results/$profile/runs
 if [ ! -d "$worktree" ]; then
     git worktree add --detach "$worktree" "$commit" > /dev/null
+    rm -rf "${worktree:?}/$store"
     mkdir -p "$worktree/results/$profile"
     [ -d "$store" ] && cp -a "$store" "$worktree/results/$profile/"
 fi
