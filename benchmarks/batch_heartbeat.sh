@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The wall-time log of a long batch that spans sessions (read by benchmarks/evidence_wall.py).
+# The wall-time log of a long batch that spans sessions (read by benchmarks/batch_wall.py).
 #
 #   benchmarks/batch_heartbeat.sh PID STORE LOG [NOTE]
 #

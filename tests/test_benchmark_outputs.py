@@ -239,8 +239,8 @@ def test_the_readme_is_a_map_whose_links_resolve():
                 assert anchor in slugs, (page.name, target)
 
 
-def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
-    wall = load_script("evidence_wall")
+def test_a_batchs_wall_time_is_each_invocations_life_less_its_pauses():
+    wall = load_script("batch_wall")
     log = "\n".join(
         [
             "start 2026-12-05T10:00:00Z records=2 pid=1 note: at 4715453",
@@ -268,6 +268,11 @@ def test_the_evidence_wall_time_is_each_invocations_life_less_its_pauses():
     # heartbeat beats once a minute).
     written = [{"created": f"2026-12-05T{t}+0000"} for t in ("10:20:00", "12:31:00", "12:45:00")]
     assert [wall._covers(found[0], r) for r in written] == [True, True, False]
+    # The estimate it is set against: the analysis plan's, where the profile has one.
+    from fedtsp.paper.profiles import load_profile
+
+    assert wall.plan_estimate_seconds(load_profile("cpu")) is None
+    assert 10 * 3600 < wall.plan_estimate_seconds(load_profile("evidence")) < 20 * 3600
 
 
 def test_the_gpu_check_measures_every_part_and_its_output_feeds_the_plan(tmp_path, monkeypatch):

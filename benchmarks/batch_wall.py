@@ -1,22 +1,23 @@
-"""Wall time of the evidence profile's reproduction from an empty store, as measured, beside
-the analysis plan's estimate.
+"""Wall time of a profile's reproduction from an empty store, run as a batch across sessions,
+as measured, beside the analysis plan's estimate where the profile has one.
 
-    python benchmarks/evidence_wall.py [--log LOG ...]   # default: the committed batch log
+    python benchmarks/batch_wall.py [--profile evidence] [--log LOG ...]
+    # default log: benchmarks/results/<profile>_batch_log.txt; output: <profile>_wall.{json,md}
 
 The batch spans sessions (a session's command is killed at its end and the store resumes),
 so no single command times it. The log is the measurement: `benchmarks/batch_heartbeat.sh`
 writes `start`, a `beat` a minute and `end` beside the batch, and `benchmarks/batch_pause.sh`
 adds `pause` / `resume` lines (the batch was paused, never killed, while the foreground
-measured something) and `shared` / `alone` lines (the batch at the lowest priority while a
-CI run shared the machine: counted as work, and reported), each with its UTC time. Each
-invocation counts from its start to its last sign of life, less its pauses; any time two
-invocations were alive at once is reported (it would be counted twice).
+measured something or another batch ran alone) and `shared` / `alone` lines (the batch at the
+lowest priority while a CI run shared the machine: counted as work, and reported), each with
+its UTC time. Each invocation counts from its start to its last sign of life, less its
+pauses; any time two invocations were alive at once is reported (it would be counted twice).
 
 Every record of the store must have been written while a logged invocation was alive (the
 script stops otherwise: a record without its log has no measured time). Also reported: the
-sum of the records' own wall times over the workers, a view that counts no idle worker, and
-the plan's estimate (`planned_run_seconds` of the plan and its addenda over the workers,
-plus the notebooks' measured work).
+sum of the records' own wall times over the workers, a view that counts no idle worker, and,
+for a profile with an analysis plan, the plan's estimate (`planned_run_seconds` of the plan
+and its addenda over the workers, plus the notebooks' measured work).
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from facts import write_result
 
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
-from fedtsp.paper.profiles import analysis_plan_files, load_profile
+from fedtsp.paper.profiles import Profile, analysis_plan_files, load_profile
 
-LOGS = [REPO_ROOT / "benchmarks" / "results" / "evidence_batch_log.txt"]
-OUT = REPO_ROOT / "benchmarks" / "results" / "evidence_wall.json"
+RESULTS = REPO_ROOT / "benchmarks" / "results"
 LINE = re.compile(r"^(start|beat|end|pause|resume|shared|alone) (\S+Z)")
 
 
@@ -103,14 +103,27 @@ def overlap_seconds(found: list[dict[str, Any]]) -> float:
     return total
 
 
+def plan_estimate_seconds(profile: Profile) -> float | None:
+    """The analysis plan's estimate of the profile's reproduction (None without a plan)."""
+    plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
+    if not plans:
+        return None
+    timings = json.loads((RESULTS / "reproduce_times.json").read_text())
+    cpu = timings["profiles"]["cpu"]
+    notebooks = cpu["seconds"] - cpu["runs_seconds"]
+    return sum(p["planned_run_seconds"] for p in plans) / profile.workers + notebooks
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--profile", default="evidence", help="the profile (default: evidence)")
     parser.add_argument("--log", type=Path, action="append", help="a batch log (repeatable)")
     args = parser.parse_args(argv)
-    profile = load_profile("evidence")
-    runs = list(RunStore(REPO_ROOT / "results" / "evidence" / "runs").records())
+    profile = load_profile(args.profile)
+    runs = list(RunStore(REPO_ROOT / "results" / profile.name / "runs").records())
+    logs = args.log or [RESULTS / f"{profile.name}_batch_log.txt"]
     found = sorted(
-        (inv for log in args.log or LOGS for inv in invocations(log.read_text())),
+        (inv for log in logs for inv in invocations(log.read_text())),
         key=lambda inv: inv["start"],
     )
     logged = sum(inv["active"] for inv in found)
@@ -120,15 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if unlogged:
         raise SystemExit(f"{len(unlogged)} records no logged invocation covers, e.g. {unlogged[0]}")
     records = sum(r["timings"]["wall"] for r in runs) / profile.workers
-    plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
-    timings = json.loads(
-        (REPO_ROOT / "benchmarks" / "results" / "reproduce_times.json").read_text()
-    )
-    cpu = timings["profiles"]["cpu"]
-    notebooks = cpu["seconds"] - cpu["runs_seconds"]
-    estimate = sum(p["planned_run_seconds"] for p in plans) / profile.workers + notebooks
+    estimate = plan_estimate_seconds(profile)
     payload = {
-        "what": "wall time of fedtsp reproduce --profile evidence from an empty store, measured",
+        "what": f"wall time of fedtsp reproduce --profile {profile.name} from an empty store, "
+        "measured",
         "runs": len(runs),
         "invocations": [
             {k: v.isoformat() if isinstance(v, datetime) else v for k, v in inv.items()}
@@ -138,9 +146,15 @@ def main(argv: list[str] | None = None) -> int:
         "measured_seconds": round(logged, 1),
         "overlap_seconds": round(overlap, 1),
         "records_wall_over_workers_seconds": round(records, 1),
-        "plan_estimate_seconds": round(estimate, 1),
-        "measured_over_estimate": round(logged / estimate, 3),
+        "plan_estimate_seconds": None if estimate is None else round(estimate, 1),
+        "measured_over_estimate": None if estimate is None else round(logged / estimate, 3),
     }
+    against = (
+        "no analysis plan, so no pre-registered estimate"
+        if estimate is None
+        else f"the plan's estimate: {estimate / 3600:.2f} h "
+        f"(measured / estimate = {logged / estimate:.2f})"
+    )
     rows = [
         "| invocation | start (UTC) | last sign of life | paused | active | of which shared |",
         "|---:|---|---|---:|---:|---:|",
@@ -155,12 +169,11 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Measured: **{logged / 3600:.2f} h** for {len(runs)} runs and the notebooks, over "
         f"{len(found)} invocations. The records' own wall times over {profile.workers} workers: "
-        f"{records / 3600:.2f} h; the plan's estimate: {estimate / 3600:.2f} h "
-        f"(measured / estimate = {logged / estimate:.2f}). Of the logged time, "
+        f"{records / 3600:.2f} h; {against}. Of the logged time, "
         f"{shared / 60:.0f} min ran at the lowest priority beside foreground work (a CI run), "
         f"so slower than alone. Invocations alive at the same time: {overlap / 60:.0f} min.",
     ]
-    write_result(OUT, payload, "\n".join(rows))
+    write_result(RESULTS / f"{profile.name}_wall.json", payload, "\n".join(rows))
     print("\n".join(rows))
     return 0
 
