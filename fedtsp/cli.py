@@ -333,7 +333,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "claims",
         help="the papers' claims and their verdicts at a profile, from its claims.csv",
         description="Print a profile's bottom line and every claim's verdict; with claim ids, "
-        "those claims' parts (effect, 95 %% interval, paired seeds, verdict); with --against, "
+        "those claims' parts (effect, 95 % interval, paired seeds, verdict); with --against, "
         "which verdicts changed from another profile's and what moved (seeds, how the rival was "
         "chosen, interval width, convergence, testability). Reads the committed results; runs "
         "nothing.",

@@ -77,6 +77,20 @@ def test_help_and_bad_flags_answer_without_importing_torch(args):
     assert result.stdout.strip().splitlines()[-1] == "no torch", result.stderr
 
 
+def test_every_commands_help_reads_as_text():
+    """argparse %-formats option help but prints a description as written: a doubled or
+    unfilled percent sign in either shows up literally."""
+    from fedtsp.cli import build_parser
+
+    parser = build_parser([])
+    commands = parser._subparsers._group_actions[0].choices
+    assert {"run", "reproduce", "verify", "claims", "partition"} <= set(commands)
+    for name, command in commands.items():
+        text = command.format_help()
+        assert "%%" not in text and "%(" not in text, name
+        assert len(text.splitlines()) > 5, name
+
+
 def test_the_catalogue_matches_the_registries():
     from fedtsp import catalogue
 
