@@ -1,5 +1,5 @@
-"""How long the command line takes to answer `--help` and a bad flag, today and at an earlier
-commit: median of 5 runs each, warm and cold.
+"""How long the command line takes to answer `--help`, a bad flag and `fedtsp claims` (which
+reads committed files), today and at an earlier commit: median of 5 runs each, warm and cold.
 
     python benchmarks/cli_latency.py [--then 2840f26] [--repeats 5]
 
@@ -35,6 +35,9 @@ COMMANDS = (
     ("run", "--algorithm", "fedtsp", "--help"),
     ("run", "--alpha", "abc"),
     ("run", "--algorithm", "fedtsp", "--lam", "-1"),
+    ("run", "--family", "htfe7"),
+    ("claims",),
+    ("claims", "F11"),
 )
 TARGET_S = 1.0  # what the issue asks of every one of them
 

@@ -25,7 +25,7 @@ def build() -> dict[str, Any]:
     """The catalogue from the registries (imports every method: seconds, not milliseconds)."""
     from fedtsp.algorithms import algorithm_names, get_algorithm
     from fedtsp.data import dataset_names
-    from fedtsp.models.families import FAMILIES
+    from fedtsp.models.families import ARCHITECTURES, FAMILIES, accepted_family_names
 
     algorithms = {}
     for name in algorithm_names():
@@ -38,6 +38,8 @@ def build() -> dict[str, Any]:
     return {
         "datasets": dataset_names(),
         "families": {name: list(archs) for name, archs in FAMILIES.items()},
+        "architectures": list(ARCHITECTURES),
+        "family_names": accepted_family_names(),
         "algorithms": algorithms,
     }
 

@@ -11,12 +11,13 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fedtsp import catalogue
+from fedtsp import __version__, catalogue
 from fedtsp.core.config import (
     BATCH_ORDERS,
     CLIENT_INITS,
     LAYOUTS,
     UNDERSIZED_CLIENTS,
+    ConfigError,
     RunConfig,
     bad,
 )
@@ -27,6 +28,9 @@ from fedtsp.core.paths import portable_path
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
+FAILURE_POLICIES = ("stop", "continue")  # Flower engines: what a failed client does
+ROUND_TIMEOUT = 3600.0  # Flower engines: seconds a round waits for its replies
+PAPERMILL_DIR = "papermill_runs"  # `fedtsp reproduce`: where the executed notebooks go
 
 
 class CliError(UserError):
@@ -47,7 +51,8 @@ def _catalogue() -> str:
     )
     return (
         f"datasets: {', '.join(listed['datasets'])}\n"
-        f"model families: {families}\n"
+        f"model families: {families}; or homo-<architecture>, one architecture for every "
+        f"client, of: {', '.join(listed['architectures'])}\n"
         f"algorithms: {', '.join(listed['algorithms'])}"
     )
 
@@ -72,7 +77,9 @@ def _named_algorithm(argv: list[str]) -> str | None:
     return None
 
 
-def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None:
+def _add_data_args(
+    parser: argparse.ArgumentParser, defaults: RunConfig, population: bool = True
+) -> None:
     group = parser.add_argument_group("data and partition")
     datasets = ", ".join(catalogue.load()["datasets"])
     group.add_argument("--dataset", default=defaults.dataset, help=f"one of {datasets}")
@@ -98,12 +105,14 @@ def _add_data_args(parser: argparse.ArgumentParser, defaults: RunConfig) -> None
         help="minimum client size (default: the authors' rule scaled by --fraction)",
     )
     group.add_argument("--partition-seed", type=int, default=defaults.partition_seed)
-    group.add_argument(
-        "--population",
-        default=None,
-        help="clients from planted groups instead of a Dirichlet partition: label-groups "
-        "(--dataset cifar100) or mixed-domain (--dataset cifar10 + Fashion-MNIST)",
-    )
+    if population:  # `partition` exports Dirichlet splits only
+        group.add_argument(
+            "--population",
+            default=None,
+            help="clients from planted groups instead of a Dirichlet partition: label-groups "
+            "or overlapping-labels (--dataset cifar100), mixed-domain (--dataset cifar10 + "
+            "Fashion-MNIST)",
+        )
     group.add_argument("--batch-size", type=int, default=defaults.batch_size)
 
 
@@ -125,6 +134,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         epilog=_catalogue(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"fedtsp {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser(
@@ -137,8 +147,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     group = run.add_argument_group("training")
     group.add_argument(
         "--setting",
-        default=defaults.setting,
-        help="htfl (heterogeneous models), gfl or pfl (one architecture, e.g. --family homo-cpu)",
+        default=None,
+        help="htfl (heterogeneous models), gfl or pfl (one architecture, e.g. --family "
+        f"homo-cpu); default {defaults.setting}, or the --preset's",
     )
     group.add_argument("--family", default=defaults.family, help="model family (see below)")
     group.add_argument(
@@ -219,15 +230,17 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     )
     group.add_argument(
         "--on-client-failure",
-        choices=("stop", "continue"),
-        default="stop",
-        help="Flower engines: stop the run when a client fails, or continue without it",
+        choices=FAILURE_POLICIES,
+        default=None,
+        help="Flower engines: stop the run when a client fails, or continue without it "
+        f"(default {FAILURE_POLICIES[0]})",
     )
     group.add_argument(
         "--round-timeout",
         type=float,
-        default=3600.0,
-        help="Flower engines: seconds to wait for a round's replies before a client counts as failed",
+        default=None,
+        help="Flower engines: seconds to wait for a round's replies before a client counts as "
+        f"failed (default {ROUND_TIMEOUT:.0f})",
     )
     group.add_argument(
         "--workdir", default=None, help="Flower engines: work folder (default: OUT/flower-work)"
@@ -285,8 +298,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="with --plan: estimate the wall time on N GPUs (a GPU profile)",
     )
     rep.add_argument("--results", default="results", help="results root (default: results)")
-    rep.add_argument("--papermill-dir", default="papermill_runs", help="executed notebooks root")
-    rep.add_argument("--no-progress", dest="progress", action="store_false")
+    rep.add_argument("--papermill-dir", help=f"executed notebooks root (default {PAPERMILL_DIR})")
+    rep.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="a line per run, no bars"
+    )
     rep.add_argument(
         "--plan",
         action="store_true",
@@ -322,9 +337,15 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "values", nargs="*", help="labels every chosen run has (method, dataset, alpha, ...)"
     )
     ver.add_argument("--profile", default="cpu", help="whose run store (default: cpu)")
-    ver.add_argument("--key", nargs="+", default=[], metavar="KEY", help="run keys to verify")
+    ver.add_argument(
+        "--key",
+        nargs="+",
+        default=[],
+        metavar="KEY",
+        help="run keys to verify (or their first characters, 6 or more, as --plan prints them)",
+    )
     ver.add_argument("--sample", type=int, metavar="N", help="a random sample of N stored runs")
-    ver.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
+    ver.add_argument("--sample-seed", type=int, help="seed of --sample (default 0)")
     ver.add_argument("--workers", type=int, default=1, help="parallel reruns (default 1)")
     ver.add_argument("--results", default="results", help="results root (default: results)")
     ver.add_argument("--report", metavar="FILE", help="also write the result as Markdown")
@@ -343,8 +364,10 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     claims.add_argument("--against", metavar="PROFILE", help="compare with this profile's verdicts")
     claims.add_argument("--results", default="results", help="results root (default: results)")
 
-    part = sub.add_parser("partition", help="partition a dataset and export it (HtFLlib layout)")
-    _add_data_args(part, defaults)
+    part = sub.add_parser(
+        "partition", help="partition a dataset by Dirichlet and export it (HtFLlib layout)"
+    )
+    _add_data_args(part, defaults, population=False)
     part.add_argument(
         "--export", required=True, help="output folder (train/<i>.npz, test/<i>.npz, config.json)"
     )
@@ -354,7 +377,22 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
             action="store_true",
             help="show the full traceback of an error (also: FEDTSP_DEBUG=1)",
         )
+        _state_defaults(command)
     return parser
+
+
+def _state_defaults(parser: argparse.ArgumentParser) -> None:
+    """Append "(default X)" to each option's help that does not say its default already
+    (switches and an unset None need no words)."""
+    for action in parser._actions:
+        default = action.default
+        if default in (None, [], argparse.SUPPRESS) or action.nargs == 0:  # switches too
+            continue
+        if action.help == argparse.SUPPRESS or "default" in (action.help or ""):
+            continue
+        action.help = (
+            f"{action.help} (default %(default)s)" if action.help else "(default %(default)s)"
+        )
 
 
 def _config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -371,8 +409,8 @@ def _config_from_args(args: argparse.Namespace) -> RunConfig:
     }
     if getattr(args, "preset", None):
         values, options = _preset(args, values, options)
-    elif "algorithm" in values and values["algorithm"] is None:
-        values["algorithm"] = RunConfig().algorithm
+    # Flags left at None (--algorithm, --setting, ...) take the config's defaults.
+    values = {k: v for k, v in values.items() if v is not None}
     config = RunConfig(**values, algo_options=options)
     _check_listed(config)
     from fedtsp.engine.runspec import check_run  # imports torch: after the quick checks
@@ -395,6 +433,11 @@ def _check_listed(config: RunConfig) -> None:
     if config.dataset not in listed["datasets"]:
         bad("dataset", config.dataset, f"choose one of {', '.join(listed['datasets'])}")
     config.validate()
+    if str(config.family).strip().lower() not in listed["family_names"]:  # as resolve_family
+        raise ConfigError(
+            f"unknown model family {config.family!r}; choose one of "
+            f"{', '.join(listed['families'])} or homo-<architecture>"
+        )
     if config.algorithm not in listed["algorithms"]:
         bad("algorithm", config.algorithm, f"choose one of {', '.join(listed['algorithms'])}")
     declared = {
@@ -421,6 +464,11 @@ def _preset(
             "give one of the two"
         )
     setting = spec.pop("setting", None)
+    if setting is not None and values.get("setting") not in (None, setting):
+        raise CliError(
+            f"--preset {args.preset!r} runs --setting {setting}, not {values['setting']}; "
+            "give one of the two"
+        )
     if setting is not None:
         values["setting"] = setting
     return values | {"algorithm": algorithm}, spec | options
@@ -439,10 +487,36 @@ def _check_folder(flag: str, path: str | None) -> None:
         )
 
 
+def _check_report(path: str | None) -> None:
+    """A report file that could not be written would be found only after the reruns."""
+    if path is None:
+        return
+    parent = Path(path).parent
+    if Path(path).is_dir() or (parent.exists() and not parent.is_dir()):
+        raise CliError(f"--report {path!r} cannot be a file; give a file path in a folder")
+    if not parent.exists():
+        raise CliError(f"--report {path!r}: the folder {str(parent)!r} does not exist")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     _check_data_path(args.data)
     _check_folder("--out", args.out)
     _check_folder("--workdir", args.workdir)
+    if args.resume and args.force:
+        raise CliError("--resume continues the stored checkpoint and --force discards it; give one")
+    flower_only = {
+        "--on-client-failure": args.on_client_failure,
+        "--round-timeout": args.round_timeout,
+        "--workdir": args.workdir,
+    }
+    given = [flag for flag, value in flower_only.items() if value is not None]
+    if given and args.engine == "simulator":
+        raise CliError(
+            f"{', '.join(given)}: option(s) of the Flower engines; add --engine flower-sim "
+            "or flower-processes, or leave them out"
+        )
+    if args.round_timeout is not None and not (0 < args.round_timeout < float("inf")):
+        raise CliError(f"--round-timeout {args.round_timeout} is invalid; give seconds > 0")
     if args.client_workers < 1:
         raise CliError(f"--client-workers {args.client_workers} is invalid; give an integer >= 1")
     if args.client_workers > 1 and args.engine != "simulator":
@@ -465,8 +539,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             out=args.out,
             workdir=args.workdir,
             force=args.force,
-            on_failure=args.on_client_failure,
-            round_timeout=args.round_timeout,
+            on_failure=args.on_client_failure or FAILURE_POLICIES[0],
+            round_timeout=ROUND_TIMEOUT if args.round_timeout is None else args.round_timeout,
             resume=args.resume,
             checkpoint_every=args.checkpoint_every,
         )
@@ -540,6 +614,17 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         raise UserError("--prune needs every notebook: the others' runs would look unused")
     _check_folder("--results", args.results)
     _check_folder("--papermill-dir", args.papermill_dir)
+    ignored = [
+        flag
+        for flag, given in (
+            ("--prune", args.prune),
+            ("--allow-partial", args.allow_partial),
+            ("--papermill-dir", args.papermill_dir is not None),
+        )
+        if given
+    ]
+    if args.plan and ignored:
+        raise UserError(f"--plan runs nothing, so {', '.join(ignored)} would do nothing; drop it")
     if args.devices is not None and not args.plan:
         raise UserError("--devices sizes a cluster with --plan; the runs themselves use --executor")
     if args.ray_address is not None and args.executor != "ray":
@@ -559,7 +644,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         args.profile,
         only=args.only,
         results_root=args.results,
-        papermill_root=args.papermill_dir,
+        papermill_root=args.papermill_dir or PAPERMILL_DIR,
         workers=args.workers,
         progress=args.progress,
         allow_partial=args.allow_partial,
@@ -574,7 +659,10 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise CliError(f"--sample {args.sample} is invalid; give an integer >= 1")
     if args.workers < 1:
         raise CliError(f"--workers {args.workers} is invalid; give an integer >= 1")
+    if args.sample_seed is not None and args.sample is None:
+        raise CliError("--sample-seed seeds --sample; give --sample N too")
     _check_profile(args.profile)
+    _check_report(args.report)
     from fedtsp.paper.verify import run_verify
 
     return run_verify(
@@ -583,7 +671,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         values=args.values,
         keys=args.key,
         sample=args.sample,
-        sample_seed=args.sample_seed,
+        sample_seed=args.sample_seed or 0,
         results_root=args.results,
         workers=args.workers,
         report=args.report,
@@ -605,6 +693,16 @@ def _cmd_claims(args: argparse.Namespace) -> int:
     return 0
 
 
+# What an interrupted command leaves, and how to go on.
+_AFTER_INTERRUPT = {
+    "run": "rerun with --resume to continue from the last checkpoint",
+    "reproduce": "rerun the same command: stored runs are reused, runs in flight resume from "
+    "their checkpoints",
+    "verify": "rerun the same command (the store is unchanged)",
+    "describe": "rerun the same command: classes already in --out are kept",
+}
+
+
 def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -> int:
     """Print `exc` as one line and return `status`; with --debug / FEDTSP_DEBUG re-raise it."""
     if args.debug or debug_requested():
@@ -616,7 +714,10 @@ def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     from fedtsp.text.describe import run_describe
 
     handlers = {
@@ -634,7 +735,10 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailedError as exc:
         return _one_line_error(exc, args, EXIT_RUN_FAILED)
     except KeyboardInterrupt:
-        print("fedtsp: interrupted; rerun with --resume to continue", file=sys.stderr)
+        print(
+            f"fedtsp: interrupted; {_AFTER_INTERRUPT.get(args.command, '')}".rstrip("; "),
+            file=sys.stderr,
+        )
         return 130
 
 

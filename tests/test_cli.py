@@ -66,6 +66,8 @@ print("torch imported" if "torch" in sys.modules else "no torch")
         ["verify", "--sample", "0"],
         ["partition", "--alpha", "0", "--export", "x"],
         ["describe", "--dataset", "cifar10", "--variant", "x"],
+        ["claims"],  # reads claims.csv and the profile's settings: nothing needs torch
+        ["run", "--family", "homo-nosuch"],
     ],
 )
 def test_help_and_bad_flags_answer_without_importing_torch(args):
@@ -91,6 +93,54 @@ def test_every_commands_help_reads_as_text():
         assert len(text.splitlines()) > 5, name
 
 
+def test_help_states_the_defaults_and_the_version(capsys):
+    from fedtsp import __version__
+
+    result = _run_cli("run", "--help")
+    text = " ".join(result.stdout.split())
+    for flag, default in (("--rounds", 300), ("--local-epochs", 5), ("--family", "htfe9")):
+        assert f"{flag} {flag.lstrip('-').replace('-', '_').upper()}" in result.stdout
+        assert f"(default {default})" in text, flag
+    assert "homo-<architecture>" in text and "fedavgcnn_s" in text  # the families' epilog
+    assert "(default False)" not in text and "(default None)" not in text
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"fedtsp {__version__}"
+
+
+def test_an_unknown_flag_points_to_its_commands_help(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["claims", "--profle", "cpu"])
+    err = capsys.readouterr().err
+    assert done.value.code == 2
+    assert "unrecognized arguments: --profle (see `fedtsp claims --help`)" in err
+
+
+@pytest.mark.parametrize(
+    ("command", "handler", "advice"),
+    [
+        (["run", "--no-progress"], "_cmd_run", "--resume"),
+        (["reproduce", "--no-progress"], "_cmd_reproduce", "rerun the same command"),
+        (["verify", "--sample", "1"], "_cmd_verify", "store is unchanged"),
+        (["claims"], "_cmd_claims", ""),
+    ],
+)
+def test_an_interrupt_says_how_to_go_on_for_its_command(
+    command, handler, advice, monkeypatch, capsys
+):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(f"fedtsp.cli.{handler}", interrupted)
+    assert main(command) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedtsp: interrupted") and advice in err
+    if command[0] != "run":
+        assert "--resume" not in err  # only `run` has it
+    if not advice:
+        assert err == "fedtsp: interrupted"
+
+
 def test_the_catalogue_matches_the_registries():
     from fedtsp import catalogue
 
@@ -104,6 +154,7 @@ def test_the_catalogue_matches_the_registries():
     [
         {"dataset": "imagenet"},
         {"alpha": 0.0},
+        {"family": "htfe7"},
         {"algorithm": "fedfoo"},
         {"algorithm": "local", "algo_options": {"lam": 1.0}},
         {"algorithm": "fedtsp", "algo_options": {"prompt_tokens": "x"}},

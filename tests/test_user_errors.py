@@ -101,6 +101,8 @@ CASES = [
     (["run", "--rounds", "0"], "rounds=0"),
     (["run", "--local-epochs", "0"], "local_epochs=0"),
     (["run", "--lr", "0"], "lr=0.0"),
+    (["run", "--lr", "inf"], "lr=inf"),
+    (["run", "--family", "homo-nosuch"], "'homo-nosuch'"),
     (["run", "--batch-size", "0"], "batch_size=0"),
     (["run", "--device", "tpu"], "'tpu'"),
     (["run", "--precision", "fp8"], "'fp8'"),
@@ -115,6 +117,10 @@ CASES = [
     (["run", "--algorithm", "fedtsp", "--dp-epsilon", "-1"], "dp_epsilon=-1.0"),
     (["run", "--algorithm", "fedtsp", "--text-encoder", "gpt"], "'gpt'"),
     (["run", "--unknown-flag"], "--unknown-flag"),
+    (["run", "--preset", "FedAvg", "--setting", "pfl"], "not pfl"),
+    (["run", "--resume", "--force"], "--resume"),
+    (["run", "--round-timeout", "10"], "--engine flower"),
+    (["run", "--workdir", "{nothing}"], "--workdir"),
     # run: data paths and archives
     (["run", "--data", "/no/such/archive.tar.gz"], "/no/such/archive.tar.gz"),
     (["run", "--data", "{truncated}", "--out", "{store}", *SMALL], "truncated.tar.gz"),
@@ -128,6 +134,9 @@ CASES = [
     (_run("--algorithm", "fedtsp", "--description-set", "{incomplete}"), "airplane"),
     (_run("--algorithm", "fedtsp", "--description-set", "{wrong_k}"), "k2.json"),
     (_run("--algorithm", "fedtsp", "--description-set", "{unknown}"), "unicorn"),
+    # run: options that only the run's config can judge, before any data loads
+    (_run("--algorithm", "fedtsp", "--dp-epsilon", "8", "--dp-client", "9"), "dp_client=9"),
+    (_run("--algorithm", "fedtsp", "--feature-dim", "7"), "feature_dim=7"),
     # run: model weights that cannot be had offline
     (_run("--algorithm", "fedtsp", "--text-encoder", "clip-vit-b-32"), "ViT-B-32"),
     (_run("--algorithm", "fedtsp", "--text-encoder", "bert-base-uncased"), "bert-base-uncased"),
@@ -146,6 +155,7 @@ CASES = [
     (["partition", "--data", "/no/such/dir", "--export", "{nothing}"], "/no/such/dir"),
     (["partition", "--data", "{truncated}", "--export", "{nothing}"], "truncated.tar.gz"),
     (["partition"], "--export"),
+    (["partition", "--population", "label-groups", "--export", "{nothing}"], "--population"),
     # describe
     (["describe", "--dataset", "nosuch", "--model", "m"], "'nosuch'"),
     (["describe", "--dataset", "cifar10", "--model", "m", "--k", "0"], "got 0"),
@@ -153,12 +163,21 @@ CASES = [
     (["describe", "--dataset", "cifar10", "--model", "m", "--timeout", "-1"], "-1.0"),
     (["describe", "--dataset", "cifar10", "--provider", "local", "--model", "/no/m"], "/no/m"),
     (["describe", "--dataset", "cifar10", "--model", "gpt-4o"], "OPENAI_API_KEY"),
+    (["describe", "--dataset", "cifar10", "--model", "m", "--temperature", "-1"], "-1.0"),
     # reproduce
     (["reproduce", "--profile", "nosuch"], "'nosuch'"),
     (["reproduce", "--only", "99"], "99"),
     (["reproduce", "--workers", "0"], "workers=0"),
     (["reproduce", "--results", "{file}"], "a-file"),
     (["reproduce", "--only", "01", "--prune"], "--prune needs every notebook"),
+    (["reproduce", "--plan", "--prune"], "--prune"),
+    (["reproduce", "--plan", "--papermill-dir", "{nothing}"], "--papermill-dir"),
+    # verify and claims (nothing reruns: each fails on its flags)
+    (["verify", "--sample-seed", "3"], "--sample N"),
+    (["verify", "--sample", "1", "--report", "{nothing}"], "nothing"),
+    (["verify", "--sample", "1", "--report", "{file}/x.md"], "a-file"),
+    (["claims", "--against", "cpu"], "--against cpu"),
+    (["claims", "NOPE"], "NOPE"),
 ]
 
 
@@ -168,7 +187,8 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def test_the_table_is_large_and_spans_every_command():
     assert len(CASES) >= 30
-    assert {argv[0] for argv, _ in CASES} == {"run", "partition", "describe", "reproduce"}
+    commands = {"run", "partition", "describe", "reproduce", "verify", "claims"}
+    assert {argv[0] for argv, _ in CASES} == commands
 
 
 @pytest.mark.parametrize(

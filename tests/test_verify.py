@@ -8,7 +8,8 @@ import math
 import pytest
 
 from fedtsp.cli import main
-from fedtsp.core.results import code_version, short_commit
+from fedtsp.core.config import ConfigError
+from fedtsp.core.results import RunStore, code_version, short_commit
 from fedtsp.paper import verify
 from fedtsp.paper.experiments import DataSource, run_all
 from fedtsp.paper.notebook_runs import notebook_plan
@@ -54,13 +55,27 @@ def test_an_edited_record_is_reported_with_its_difference(smoke_store, capsys):
     record["history"][1]["acc"] += 0.125
     path.write_text(json.dumps(record))
     try:
-        status = main(["verify", "--profile", "smoke", "--key", keys[0], "--results", str(root)])
+        # The key as `fedtsp reproduce --plan` prints it: its first 10 characters.
+        argv = ["verify", "--profile", "smoke", "--key", keys[0][:10], "--results", str(root)]
+        status = main(argv)
     finally:
         path.write_text(original)
     out = capsys.readouterr().out
     assert status == 1
     assert "differs from round 1; largest differences: acc 0.125" in out
-    assert "0 of 1 reruns identical" in out
+    assert "0 of 1 reruns identical" in out and keys[0] in out
+
+
+def test_a_key_prefix_names_its_one_stored_run(tmp_path):
+    store = RunStore(tmp_path)
+    for key in ("abcdef0123456789", "abcdef0199999999", "ffff000011112222"):
+        (tmp_path / f"{key}.json").write_text("{}")
+    assert verify._full_key(store, "ffff0000") == "ffff000011112222"
+    assert verify._full_key(store, "abcdef0123") == "abcdef0123456789"
+    assert verify._full_key(store, "fff") == "fff"  # too short to stand for a key
+    assert verify._full_key(store, "0123456789") == "0123456789"  # none: reported later
+    with pytest.raises(ConfigError, match="abcdef01 starts 2 stored runs"):
+        verify._full_key(store, "abcdef01")
 
 
 def test_compare_histories_names_each_metric_and_the_first_round():

@@ -254,6 +254,9 @@ class Algorithm:
     revision_of: Callable[[dict[str, Any]], int] | None = None
     # A width the method imposes on the feature extractor, from its resolved options.
     feature_width: Callable[[Any], int] | None = None
+    # Checks of the resolved options against the run's config (e.g. a client index within
+    # the run's clients), made before any data loads; raise ValueError.
+    check_config: Callable[[Any, Any], None] | None = None
 
     def key_revision(self, algo_options: dict[str, Any]) -> int:
         return self.revision if self.revision_of is None else self.revision_of(algo_options)

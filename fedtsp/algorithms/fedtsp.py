@@ -311,11 +311,6 @@ class FedTSPClient(PrototypeClient):
 class FedTSPServer(ServerHalf):
     def setup(self, facts: list[ClientFacts], uploads: dict[int, Message]) -> Message:
         opts, ctx = self.opts, self.ctx
-        if opts.dp_client >= ctx.num_clients:
-            raise ValueError(
-                f"dp_client={opts.dp_client} is invalid; the run has clients "
-                f"0..{ctx.num_clients - 1}"
-            )
         encoder = _text_encoder(opts, ctx.device)
         n_ctx = context_tokens(opts, ctx)
         if opts.dp_epsilon is not None:  # the server never sees the descriptions' text
@@ -440,6 +435,15 @@ def _revision(algo_options: dict[str, Any]) -> int:
     return 1 if algo_options.get("prototype_source") == "training" else 0
 
 
+def _check_config(options: FedTSPOptions, config: Any) -> None:
+    private = options.dp_epsilon is not None or options.dp_noise_std is not None
+    if private and options.dp_client >= config.num_clients:
+        raise ValueError(
+            f"dp_client={options.dp_client} is invalid; the run has clients "
+            f"0..{config.num_clients - 1}"
+        )
+
+
 def _feature_width(options: FedTSPOptions) -> int:
     return text_encoder_width(options.text_encoder)  # image features meet text prototypes
 
@@ -453,6 +457,7 @@ FedTSP = register(
         settings=("htfl", "gfl"),
         revision_of=_revision,
         feature_width=_feature_width,
+        check_config=_check_config,
     )
 )
 

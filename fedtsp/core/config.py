@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,8 +138,8 @@ class RunConfig:
         for name in ("rounds", "local_epochs", "batch_size"):
             if getattr(self, name) < 1:
                 bad(name, getattr(self, name), "must be >= 1")
-        if not self.lr > 0:
-            bad("lr", self.lr, "the learning rate must be > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            bad("lr", self.lr, "the learning rate must be a finite number > 0")
         if self.batch_order not in BATCH_ORDERS:
             bad("batch_order", self.batch_order, f"choose one of {', '.join(BATCH_ORDERS)}")
         if self.client_init not in CLIENT_INITS:

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedtsp.algorithms import Algorithm, RunContext, get_algorithm, resolve_options
+from fedtsp.algorithms import RunContext, get_algorithm, resolve_options
 from fedtsp.algorithms.base import ClientHalf, ServerHalf
 from fedtsp.algorithms.clients import Client
-from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.config import RunConfig
 from fedtsp.core.paths import portable_path
 from fedtsp.core.seeding import rng_state, seed_everything
 from fedtsp.data import (
@@ -36,18 +36,6 @@ from fedtsp.models.families import ClientModel, build_client_model
 # A run's loaded data: its dataset, or a population's datasets by name.
 Datasets = ImageDataset | dict[str, ImageDataset]
 Arrays = tuple[np.ndarray, np.ndarray]  # uint8 images, int64 labels
-
-DEFAULT_FEATURE_DIM = 512
-
-
-def resolve_feature_dim(config: RunConfig, method: Algorithm, options: Any) -> int:
-    required = method.required_feature_dim(options)
-    if config.feature_dim is not None and required is not None and config.feature_dim != required:
-        raise ConfigError(
-            f"feature_dim={config.feature_dim} is invalid for {config.algorithm}: its text "
-            f"encoder has width {required}; leave feature_dim unset or set it to {required}"
-        )
-    return config.feature_dim or required or DEFAULT_FEATURE_DIM
 
 
 def partition_dataset(
@@ -191,12 +179,6 @@ def server_half(config: RunConfig, ctx: RunContext) -> ServerHalf:
     """The method's server half for this run."""
     options = resolve_options(config.algorithm, config.algo_options)
     return get_algorithm(config.algorithm).Server(options, ctx)
-
-
-def method_feature_dim(config: RunConfig) -> int:
-    """The run's feature width: the config's, the method's, or the default."""
-    options = resolve_options(config.algorithm, config.algo_options)
-    return resolve_feature_dim(config, get_algorithm(config.algorithm), options)
 
 
 def cpu_has_native_bf16() -> bool:

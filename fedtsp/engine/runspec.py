@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from fedtsp.algorithms import algorithm_names, get_algorithm, resolve_options
+from fedtsp.algorithms import Algorithm, algorithm_names, get_algorithm, resolve_options
 from fedtsp.core.config import SETTINGS, ConfigError, RunConfig, bad
 from fedtsp.data import dataset_names
 from fedtsp.data.populations import PopulationError, PopulationSpec, named_population
@@ -66,7 +66,13 @@ def check_run(config: RunConfig, here: bool = True) -> RunConfig:
             f"it runs in setting(s) {', '.join(method.settings)}, not {config.setting}; "
             f"setting {config.setting} offers {', '.join(fits)}",
         )
-    resolve_options(config.algorithm, config.algo_options)
+    options = resolve_options(config.algorithm, config.algo_options)
+    resolve_feature_dim(config, method, options)
+    if method.check_config is not None:
+        try:
+            method.check_config(options, config)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if here and config.device.startswith("cuda") and not torch.cuda.is_available():
         bad("device", config.device, "CUDA is not available on this machine; use cpu")
     return config
@@ -98,3 +104,22 @@ def run_key(config: RunConfig, extra: dict[str, Any]) -> str:
     method = get_algorithm(config.algorithm) if config.algorithm in algorithm_names() else None
     revision = method.key_revision(config.algo_options) if method is not None else 0
     return config.key(extra, revision=revision)
+
+
+DEFAULT_FEATURE_DIM = 512
+
+
+def resolve_feature_dim(config: RunConfig, method: Algorithm, options: Any) -> int:
+    required = method.required_feature_dim(options)
+    if config.feature_dim is not None and required is not None and config.feature_dim != required:
+        raise ConfigError(
+            f"feature_dim={config.feature_dim} is invalid for {config.algorithm}: its text "
+            f"encoder has width {required}; leave feature_dim unset or set it to {required}"
+        )
+    return config.feature_dim or required or DEFAULT_FEATURE_DIM
+
+
+def method_feature_dim(config: RunConfig) -> int:
+    """The run's feature width: the config's, the method's, or the default."""
+    options = resolve_options(config.algorithm, config.algo_options)
+    return resolve_feature_dim(config, get_algorithm(config.algorithm), options)

@@ -35,7 +35,6 @@ from fedtsp.engine.build import (
     initial_models,
     load_datasets,
     make_client,
-    method_feature_dim,
     run_context,
     server_half,
 )
@@ -51,7 +50,7 @@ from fedtsp.engine.client_round import (
 )
 from fedtsp.engine.driver import Run, drive, setup_bytes, start
 from fedtsp.engine.loop import RoundLoop, check_every
-from fedtsp.engine.runspec import check_run
+from fedtsp.engine.runspec import check_run, method_feature_dim
 
 log = logging.getLogger("fedtsp")
 

@@ -395,6 +395,13 @@ def family_names() -> list[str]:
     return list(FAMILIES)
 
 
+def accepted_family_names() -> list[str]:
+    """Every name `resolve_family` accepts, in lower case (the families, their aliases and
+    homo-<architecture>), for the command line's quick check."""
+    homo = [f"homo-{arch}" for arch in ARCHITECTURES]
+    return sorted({*FAMILIES, *_FAMILY_ALIASES, *homo})
+
+
 def homogeneous_family_names() -> list[str]:
     """Families whose clients all get the same architecture (for settings gfl / pfl)."""
     return [name for name, archs in FAMILIES.items() if len(set(archs)) == 1]

@@ -131,6 +131,17 @@ def _gap(a: Any, b: Any) -> float:
     return 0.0 if a == b else math.inf
 
 
+def _full_key(store: RunStore, key: str) -> str:
+    """A run key from its start, as `fedtsp reproduce --plan` prints it (at least 6
+    characters and one stored run's only), or the key itself."""
+    if len(key) < 6 or (store.root / f"{key}.json").exists():
+        return key
+    found = sorted(p.stem for p in store.root.glob(f"{key}*.json"))
+    if len(found) > 1:
+        raise ConfigError(f"run key {key} starts {len(found)} stored runs; give more of it")
+    return found[0] if found else key
+
+
 def select(
     profile: Profile,
     store: RunStore,
@@ -165,7 +176,7 @@ def select(
             label = " ".join(str(spec.labels[k]) for k in sorted(spec.labels, key="method".__ne__))
             chosen.setdefault(key, f"{label} seed {spec.config.seed}")
     for key in keys:
-        chosen.setdefault(key, "")
+        chosen.setdefault(_full_key(store, key), "")
     if sample:
         stored = sorted(p.stem for p in store.root.glob("*.json"))
         if sample > len(stored):

@@ -47,7 +47,6 @@ from fedtsp.engine.build import (
     initial_models,
     load_datasets,
     make_client,
-    method_feature_dim,
     run_context,
     server_half,
 )
@@ -62,7 +61,7 @@ from fedtsp.engine.client_round import (
 )
 from fedtsp.engine.driver import Run
 from fedtsp.engine.loop import check_every, round_work
-from fedtsp.engine.runspec import run_key
+from fedtsp.engine.runspec import method_feature_dim, run_key
 
 log = logging.getLogger("fedtsp.engine.flower")
 

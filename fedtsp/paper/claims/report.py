@@ -154,7 +154,7 @@ def profile_setting(profile: str) -> str:
     from fedtsp.paper.profiles import fmcl_setting, load_profile, notebook_parameters, schedule
 
     try:
-        prof = load_profile(profile)
+        prof = load_profile(profile, check_runs=False)  # its settings only: no torch
         fmcl = notebook_parameters(prof, "08_fmcl")
     except Exception:  # a profile of a test's own: its name is all there is
         return f"the `{profile}` profile"

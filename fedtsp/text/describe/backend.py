@@ -55,6 +55,11 @@ class Backend:
             raise DescribeInputError(f"retries must be an integer >= 0, got {retries!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise DescribeInputError(f"max tokens must be >= 1, got {self.max_tokens!r}")
+        temperature = self.temperature
+        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+            raise DescribeInputError(
+                f"--temperature must be a number >= 0 (or left out), got {temperature!r}"
+            )
         if self.provider == "openai":
             if not re.fullmatch(r"https?://[^\s]+", self.base_url or ""):
                 raise DescribeInputError(
