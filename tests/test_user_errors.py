@@ -178,6 +178,7 @@ CASES = [
     (["verify", "--sample", "1", "--report", "{file}/x.md"], "a-file"),
     (["claims", "--against", "cpu"], "--against cpu"),
     (["claims", "NOPE"], "NOPE"),
+    (["claims", "--results", "{nothing}/results"], "give --results"),
 ]
 
 

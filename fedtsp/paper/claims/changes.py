@@ -36,6 +36,11 @@ _STRONGEST = re.compile(r" \((strongest of \d+)\)")  # the data chose the rival
 def read_claims(results_root: str | Path, profile: str) -> pd.DataFrame:
     """The profile's tested parts, as its notebooks last wrote them (`claims.csv`)."""
     path = Path(results_root) / profile / "claims.csv"
+    if not Path(results_root).is_dir():  # most likely run from another folder
+        raise UserError(
+            f"there is no results folder {str(results_root)!r} in {Path.cwd()}: run from the "
+            "repository's root or give --results"
+        )
     if not path.is_file():
         raise UserError(
             f"{path} does not exist: profile {profile!r} has no claims yet; "
