@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-from scipy import stats as _scipy_stats
 
 CONFIDENCE = 0.95
 COLUMNS = ("mean", "std", "n", "ci_low", "ci_high")
@@ -74,6 +73,8 @@ def summarize(values: Iterable[float]) -> Summary:
         return Summary(mean, math.nan, 1, math.nan, math.nan)
     # Identical values have exactly no spread (np.std would leave float dust from the mean).
     std = 0.0 if np.ptp(x) == 0 else float(x.std(ddof=1))
+    from scipy import stats as _scipy_stats  # a second to import: on use, not with the module
+
     half = float(_scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, n - 1)) * std / math.sqrt(n)
     return Summary(mean, std, n, mean - half, mean + half)
 
@@ -115,6 +116,8 @@ def paired_power(effect: float, sd: float, n: int, alpha: float = 0.05) -> float
     if n < 2:
         return 0.0
     df, ncp = n - 1, effect / (sd / math.sqrt(n))
+    from scipy import stats as _scipy_stats
+
     crit = float(_scipy_stats.t.ppf(1 - alpha / 2, df))
     nct = _scipy_stats.nct
     return float(nct.sf(crit, df, ncp) + nct.cdf(-crit, df, ncp))
@@ -127,6 +130,8 @@ def equivalence_power(margin: float, sd: float, n: int, alpha: float = 0.05) -> 
     if n < 2:
         return 0.0
     df, ncp = n - 1, margin / (sd / math.sqrt(n))
+    from scipy import stats as _scipy_stats
+
     crit = float(_scipy_stats.t.ppf(1 - alpha / 2, df))
     return max(0.0, 1.0 - 2.0 * float(_scipy_stats.nct.cdf(crit, df, ncp)))
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
-from scipy.stats import t as _t
 
 from fedtsp.core.results import PLATEAU_RULE
 from fedtsp.paper.floors import CEILING, FLOOR_MARGIN
@@ -107,15 +106,19 @@ def _p_above(effect: Summary, h: float) -> float:
     """One-sided p of "the mean difference is above h" (Student t, n - 1 df)."""
     if effect.std == 0:
         return 0.0 if effect.mean > h else 1.0
+    from scipy.stats import t as student  # scipy.stats takes a second to import: on use
+
     t = (effect.mean - h) / (effect.std / math.sqrt(effect.n))
-    return float(_t.sf(t, effect.n - 1))
+    return float(student.sf(t, effect.n - 1))
 
 
 def _p_below(effect: Summary, h: float) -> float:
     if effect.std == 0:
         return 0.0 if effect.mean < h else 1.0
+    from scipy.stats import t as student
+
     t = (effect.mean - h) / (effect.std / math.sqrt(effect.n))
-    return float(_t.cdf(t, effect.n - 1))
+    return float(student.cdf(t, effect.n - 1))
 
 
 def tests(effect: Summary, kind: str, margin: float) -> dict[str, float]:
