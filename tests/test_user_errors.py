@@ -164,6 +164,20 @@ CASES = [
     (["describe", "--dataset", "cifar10", "--provider", "local", "--model", "/no/m"], "/no/m"),
     (["describe", "--dataset", "cifar10", "--model", "gpt-4o"], "OPENAI_API_KEY"),
     (["describe", "--dataset", "cifar10", "--model", "m", "--temperature", "-1"], "-1.0"),
+    (
+        [
+            "describe",
+            "--dataset",
+            "cifar10",
+            "--provider",
+            "local",
+            "--model",
+            "m",
+            "--device",
+            "tpu",
+        ],
+        "'tpu'",
+    ),
     # reproduce
     (["reproduce", "--profile", "nosuch"], "'nosuch'"),
     (["reproduce", "--only", "99"], "99"),

@@ -55,6 +55,8 @@ class Backend:
             raise DescribeInputError(f"retries must be an integer >= 0, got {retries!r}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise DescribeInputError(f"max tokens must be >= 1, got {self.max_tokens!r}")
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(self.device)):
+            raise DescribeInputError(f"--device must be cpu, cuda[:i] or auto, got {self.device!r}")
         temperature = self.temperature
         if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
             raise DescribeInputError(
