@@ -15,7 +15,9 @@ from fedtsp import __version__, catalogue
 from fedtsp.core.config import (
     BATCH_ORDERS,
     CLIENT_INITS,
+    FAILURE_POLICIES,
     LAYOUTS,
+    ROUND_TIMEOUT,
     UNDERSIZED_CLIENTS,
     ConfigError,
     RunConfig,
@@ -28,8 +30,6 @@ from fedtsp.core.paths import portable_path
 
 EXIT_BAD_INPUT = 2
 EXIT_RUN_FAILED = 1
-FAILURE_POLICIES = ("stop", "continue")  # Flower engines: what a failed client does
-ROUND_TIMEOUT = 3600.0  # Flower engines: seconds a round waits for its replies
 PAPERMILL_DIR = "papermill_runs"  # `fedtsp reproduce`: where the executed notebooks go
 
 

@@ -35,6 +35,9 @@ LAYOUTS: dict[str, bool | None] = {"auto": None, "channels-last": True, "nchw": 
 # Clients with fewer training samples than one batch: "train" on that one partial batch;
 # "skip" training them, as HtFLlib's DataLoader(drop_last=True) does (it yields no batch).
 UNDERSIZED_CLIENTS = ("train", "skip")
+# Flower engines: what a failed client does, and the seconds a round waits for its replies.
+FAILURE_POLICIES = ("stop", "continue")
+ROUND_TIMEOUT = 3600.0
 # Fields added after the first run records: at these defaults they stay out of the run's
 # hash, so the records made before they existed keep their keys.
 # channels_last=False is how every record before the field was made (NCHW images).

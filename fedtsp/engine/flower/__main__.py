@@ -14,14 +14,18 @@ import json
 import sys
 from pathlib import Path
 
+from fedtsp.core.config import FAILURE_POLICIES, ROUND_TIMEOUT
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fedtsp.engine.flower")
     parser.add_argument("action", choices=("prepare", "result"))
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--superlink-port", type=int, default=9092)
-    parser.add_argument("--on-client-failure", choices=("stop", "continue"), default="stop")
-    parser.add_argument("--round-timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--on-client-failure", choices=FAILURE_POLICIES, default=FAILURE_POLICIES[0]
+    )
+    parser.add_argument("--round-timeout", type=float, default=ROUND_TIMEOUT)
     args, rest = parser.parse_known_args(argv)
 
     from fedtsp.engine.flower.launch import _outcome, write_app

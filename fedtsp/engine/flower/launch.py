@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from fedtsp.core.config import RunConfig
+from fedtsp.core.config import FAILURE_POLICIES, ROUND_TIMEOUT, RunConfig
 from fedtsp.core.results import RunStore
 from fedtsp.engine.build import Datasets, load_datasets
 from fedtsp.engine.flower.workdir import (
@@ -325,8 +325,8 @@ def run_flower(
     out: str | Path = "runs",
     workdir: str | Path | None = None,
     force: bool = False,
-    on_failure: str = "stop",
-    round_timeout: float = 3600.0,
+    on_failure: str = FAILURE_POLICIES[0],
+    round_timeout: float = ROUND_TIMEOUT,
     num_cpus: int = 1,
     resume: bool = False,
     checkpoint_every: int | None = None,

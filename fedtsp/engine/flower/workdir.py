@@ -35,7 +35,7 @@ from fedtsp.algorithms import Message
 from fedtsp.algorithms.base import ClientHalf
 from fedtsp.algorithms.clients import Client
 from fedtsp.core.atomic import atomic_write_bytes
-from fedtsp.core.config import ConfigError, RunConfig
+from fedtsp.core.config import FAILURE_POLICIES, ROUND_TIMEOUT, ConfigError, RunConfig
 from fedtsp.core.errors import RunFailedError
 from fedtsp.data import ImageDataset, device_images
 from fedtsp.engine.build import (
@@ -66,7 +66,6 @@ from fedtsp.engine.runspec import method_feature_dim, run_key
 log = logging.getLogger("fedtsp.engine.flower")
 
 ENGINES = ("flower-sim", "flower-processes")
-FAILURE_POLICIES = ("stop", "continue")
 INITIAL = "initial."  # node file entries of the client's starting model
 SETUP_RNG = "setup_rng"  # the set-up RNG state (torch.save bytes as uint8)
 
@@ -131,8 +130,8 @@ def prepare_workdir(
     *,
     out: str | Path,
     engine: str,
-    on_failure: str = "stop",
-    round_timeout: float = 3600.0,
+    on_failure: str = FAILURE_POLICIES[0],
+    round_timeout: float = ROUND_TIMEOUT,
     resume: bool = False,
     checkpoint_every: int | None = None,
     stop_after: int | None = None,
