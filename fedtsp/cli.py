@@ -342,7 +342,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         nargs="+",
         default=[],
         metavar="KEY",
-        help="run keys to verify (or their first characters, 6 or more, as --plan prints them)",
+        help="run keys to verify (whole, or their first 6 or more characters)",
     )
     ver.add_argument("--sample", type=int, metavar="N", help="a random sample of N stored runs")
     ver.add_argument("--sample-seed", type=int, help="seed of --sample (default 0)")

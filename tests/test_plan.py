@@ -92,7 +92,7 @@ def test_stored_runs_are_listed_and_not_estimated(smoke, tmp_path, monkeypatch, 
     plan.print_plan(profile, notebooks, tmp_path, workers=1)
     out = capsys.readouterr().out
     assert f"{len(runs)} runs: 1 in the store, {len(runs) - 1} to run" in out
-    assert f"{first[:10]}  stored" in out
+    assert f"{first}  stored" in out  # the whole key, as `fedtsp verify --key` takes it
     assert "Estimated wall time of the new runs:" in out
     assert f"0 of {len(runs) - 1} estimated from the measured rounds" in out
     assert " >=" in out  # a calibrated estimate is marked as a lower bound

@@ -55,7 +55,7 @@ def test_an_edited_record_is_reported_with_its_difference(smoke_store, capsys):
     record["history"][1]["acc"] += 0.125
     path.write_text(json.dumps(record))
     try:
-        # The key as `fedtsp reproduce --plan` prints it: its first 10 characters.
+        # The key's first 10 characters (a unique prefix stands for the key).
         argv = ["verify", "--profile", "smoke", "--key", keys[0][:10], "--results", str(root)]
         status = main(argv)
     finally:

@@ -323,16 +323,17 @@ def print_plan(
     where = f"{devices} GPU(s)" if devices else f"{workers} worker(s)"
     print(f"plan for profile {profile.name} ({device}, {where}):")
     print(f"{len(runs)} runs: {len(runs) - len(new)} in the store, {len(new)} to run\n")
+    data = max([len("dataset")] + [len(r.config.population or r.config.dataset) for r in runs])
     print(
-        f"{'notebook':<26} {'algorithm':<12} {'dataset':<14} {'family':<16} "
-        f"{'rounds':>6} {'seed':>4}  {'key':<10}  {'status':<6} {'estimate':>9}"
+        f"{'notebook':<26} {'algorithm':<12} {'dataset':<{data}} {'family':<16} "
+        f"{'rounds':>6} {'seed':>4}  {'key':<16}  {'status':<6} {'estimate':>9}"
     )
-    for r in runs:
+    for r in runs:  # the whole key: what `fedtsp verify --key` and the store's file names use
         c = r.config
         estimate = "-" if r.stored else _estimate(r)
         print(
-            f"{r.notebook:<26} {c.algorithm:<12} {c.population or c.dataset:<14} "
-            f"{c.family:<16} {c.rounds:>6} {c.seed:>4}  {r.key[:10]}  "
+            f"{r.notebook:<26} {c.algorithm:<12} {c.population or c.dataset:<{data}} "
+            f"{c.family:<16} {c.rounds:>6} {c.seed:>4}  {r.key}  "
             f"{'stored' if r.stored else 'new':<6} {estimate:>9}"
         )
     if not new:

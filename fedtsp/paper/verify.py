@@ -132,8 +132,8 @@ def _gap(a: Any, b: Any) -> float:
 
 
 def _full_key(store: RunStore, key: str) -> str:
-    """A run key from its start, as `fedtsp reproduce --plan` prints it (at least 6
-    characters and one stored run's only), or the key itself."""
+    """The stored run key that `key` starts (at least 6 characters, one stored run's
+    only), or `key` itself."""
     if len(key) < 6 or (store.root / f"{key}.json").exists():
         return key
     found = sorted(p.stem for p in store.root.glob(f"{key}*.json"))
