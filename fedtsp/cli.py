@@ -91,7 +91,9 @@ def _add_data_args(
     group.add_argument(
         "--alpha", type=float, default=defaults.alpha, help="Dirichlet concentration (> 0)"
     )
-    group.add_argument("--num-clients", type=int, default=defaults.num_clients)
+    group.add_argument(
+        "--num-clients", type=int, default=defaults.num_clients, help="number of clients"
+    )
     group.add_argument(
         "--fraction",
         type=float,
@@ -104,7 +106,12 @@ def _add_data_args(
         default=None,
         help="minimum client size (default: the authors' rule scaled by --fraction)",
     )
-    group.add_argument("--partition-seed", type=int, default=defaults.partition_seed)
+    group.add_argument(
+        "--partition-seed",
+        type=int,
+        default=defaults.partition_seed,
+        help="seed of the subsample and the partition",
+    )
     if population:  # `partition` exports Dirichlet splits only
         group.add_argument(
             "--population",
@@ -113,7 +120,9 @@ def _add_data_args(
             "or overlapping-labels (--dataset cifar100), mixed-domain (--dataset cifar10 + "
             "Fashion-MNIST)",
         )
-    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    group.add_argument(
+        "--batch-size", type=int, default=defaults.batch_size, help="local training batch size"
+    )
 
 
 def _layout(value: str) -> bool | None:
@@ -162,10 +171,16 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         "FedTSP-MiniLM (the full method: LLM descriptions + trainable prompts) or "
         '"FedTSP (authors\' runs)"; flags given beside it override its options',
     )
-    group.add_argument("--rounds", type=int, default=defaults.rounds)
-    group.add_argument("--local-epochs", type=int, default=defaults.local_epochs)
-    group.add_argument("--lr", type=float, default=defaults.lr)
-    group.add_argument("--seed", type=int, default=defaults.seed)
+    group.add_argument(
+        "--rounds", type=int, default=defaults.rounds, help="communication rounds (the paper's)"
+    )
+    group.add_argument(
+        "--local-epochs", type=int, default=defaults.local_epochs, help="epochs per round"
+    )
+    group.add_argument("--lr", type=float, default=defaults.lr, help="clients' SGD learning rate")
+    group.add_argument(
+        "--seed", type=int, default=defaults.seed, help="seed of the models and training"
+    )
     # The protocol fields HtFLlib sets otherwise (docs/baselines.md's defaults table).
     for field, choices, text in (
         ("batch_order", BATCH_ORDERS, "shuffled (every epoch) or fixed (the stored order)"),
