@@ -3,10 +3,13 @@ advance, and outputs held to the plan."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
+import tarfile
 from collections import defaultdict
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -211,19 +214,42 @@ def test_the_budget_leaves_out_the_notebooks_own_work_and_a_last_run_alone():
     )
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def _stores_at(commit: str, into: Path) -> list[Path]:
+    """The run stores' records as committed at `commit`, written under `into`."""
+    archive = subprocess.run(
+        ["git", "archive", commit, "--", "results/*/runs/*.json"], cwd=REPO_ROOT,
+        capture_output=True, check=True,
+    ).stdout  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return sorted((into / "results").glob("*/runs"))
+
+
 def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path):
     """`fedtsp reproduce --profile evidence --plan` from an empty store: every run priced
     from measured twins, and the whole within 12 hours at the profile's workers. The twins
-    are those the plan was priced from: the committed stores but the evidence profile's own,
-    whose records the batch adds as it runs (timed under whatever else the machine did)."""
-    from fedtsp.paper.plan import committed_stores, make_plan
+    are those the plan was priced from: the stores committed when its last file was, but the
+    evidence profile's own. Records committed since (the batch's own, a store rerun on
+    another machine) are timed under other conditions and do not reprice a plan written
+    before them."""
+    from fedtsp.paper.plan import make_plan
 
     profile = load_profile("evidence")
-    before = [s for s in committed_stores() if s.parent.name != profile.name]
-    runs, _ = make_plan(profile, find_notebooks(NOTEBOOKS_DIR), tmp_path, profile.workers, before)
+    files = analysis_plan_files(profile)
+    priced_at = _git("log", "-1", "--format=%H", "--", *map(str, files))
+    before = [s for s in _stores_at(priced_at, tmp_path / "then") if s.parent.name != profile.name]
+    assert before  # (a shallow clone has no history to read them from)
+    empty = tmp_path / "results"
+    runs, _ = make_plan(profile, find_notebooks(NOTEBOOKS_DIR), empty, profile.workers, before)
     assert {r.source for r in runs} == {"twin"} and not any(r.stored for r in runs)
     assert len(runs) == sum(group_seeds(analysis_plan_data(profile)).values())
-    files = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
+    files = [json.loads(p.read_text()) for p in files]
     hours = sum(r.seconds for r in runs) / profile.workers / 3600
     planned = sum(f["planned_run_seconds"] for f in files) / profile.workers / 3600
     assert hours == pytest.approx(planned, rel=0.01)
