@@ -263,3 +263,19 @@ def test_a_rerun_after_the_errors_still_resumes_the_interrupted_run(env, capsys)
     summary = json.loads(capsys.readouterr().out)
     assert summary["evaluations"] == 3 and not summary["cache_hit"]
     assert not (Path(env["store"]) / "checkpoints" / f"{summary['key']}.pt").exists()
+
+
+@pytest.mark.parametrize(("file", "named"), [("malformed", "bad.json"), ("incomplete", "airplane")])
+def test_a_description_file_is_checked_with_the_config_before_any_data_loads(env, file, named):
+    """`check_run`, which loads no data, already rejects the file (its prompt lengths wait for
+    the text encoder); a file with every class passes it."""
+    from fedtsp.core.config import ConfigError
+    from fedtsp.engine.runspec import check_run
+
+    def config(path: str):
+        args = [a.format(**env) for a in _run("--algorithm", "fedtsp", "--description-set", path)]
+        return config_from_args(build_parser().parse_args(args))
+
+    with pytest.raises(ConfigError, match=named):
+        check_run(config(env[file]))
+    check_run(config("cifar10_long"))

@@ -78,6 +78,7 @@ from fedtsp.algorithms.model_messages import (
 from fedtsp.algorithms.privacy import add_fixed_noise, check_dp_parameters, privatize_sequences
 from fedtsp.algorithms.prototypes import PrototypeClient, uniform_anchors
 from fedtsp.core.options import option
+from fedtsp.data.registry import dataset_info
 from fedtsp.models.prompts import (
     PROMPT_POSITIONS,
     PromptLearner,
@@ -441,6 +442,13 @@ def _check_config(options: FedTSPOptions, config: Any) -> None:
         raise ValueError(
             f"dp_client={options.dp_client} is invalid; the run has clients "
             f"0..{config.num_clients - 1}"
+        )
+    classes = dataset_info(config.dataset).classes
+    if options.description_set is not None and config.population is None and classes:
+        # The file against the dataset's classes now, not after the data has loaded (its
+        # prompts' lengths need the text encoder and are checked when the server builds).
+        validate_descriptions(
+            resolve_description_set(options.description_set), list(classes), k=None
         )
 
 
