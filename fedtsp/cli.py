@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
@@ -718,21 +719,39 @@ _AFTER_INTERRUPT = {
 }
 
 
-def _one_line_error(exc: BaseException, args: argparse.Namespace, status: int) -> int:
+def _one_line_error(
+    exc: BaseException, args: argparse.Namespace, status: int, command: argparse.ArgumentParser
+) -> int:
     """Print `exc` as one line and return `status`; with --debug / FEDTSP_DEBUG re-raise it."""
     if args.debug or debug_requested():
         raise exc
-    print(f"fedtsp: error: {one_line(exc)}", file=sys.stderr)
+    print(f"fedtsp: error: {_as_flags(one_line(exc), command)}", file=sys.stderr)
     return status
+
+
+def _as_flags(message: str, command: argparse.ArgumentParser) -> str:
+    """The config's `field=value is invalid` as the command's flag (`--num-clients 0 is
+    invalid`), where the command has one: the user typed the flag, not the field."""
+    flags = {a.dest: a.option_strings[0] for a in command._actions if a.option_strings}
+    for dest, flag in list(flags.items()):  # an algorithm option's dest is opt_<name>
+        if dest.startswith("opt_"):
+            flags.setdefault(dest.removeprefix("opt_"), flag)
+
+    def spelled(match: re.Match[str]) -> str:
+        field, value = match.group(1), match.group(2)
+        return f"{flags[field]} {value.strip(chr(39))} is invalid" if field in flags else match[0]
+
+    # (a population's own parameters share some names with flags: left as they are)
+    return re.sub(r"(?<![\w.-])(?<!population )(\w+)=(\S+?) is invalid", spelled, message)
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     parser = build_parser(argv)
     args, unknown = parser.parse_known_args(argv)
+    command = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
     if unknown:  # the command's own usage, not the top level's
-        commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     from fedtsp.text.describe import run_describe
 
     handlers = {
@@ -746,9 +765,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except (UserError, FileExistsError) as exc:
-        return _one_line_error(exc, args, EXIT_BAD_INPUT)
+        return _one_line_error(exc, args, EXIT_BAD_INPUT, command)
     except RunFailedError as exc:
-        return _one_line_error(exc, args, EXIT_RUN_FAILED)
+        return _one_line_error(exc, args, EXIT_RUN_FAILED, command)
     except KeyboardInterrupt:
         print(
             f"fedtsp: interrupted; {_AFTER_INTERRUPT.get(args.command, '')}".rstrip("; "),

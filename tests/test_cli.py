@@ -178,17 +178,17 @@ def test_the_quick_checks_say_what_check_run_says(changes):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--dataset", "imagenet"], "dataset='imagenet' is invalid; choose one of"),
-        (["--alpha", "0"], "alpha=0.0 is invalid"),
-        (["--alpha", "-1"], "alpha=-1.0 is invalid"),
+        (["--dataset", "imagenet"], "--dataset imagenet is invalid; choose one of"),
+        (["--alpha", "0"], "--alpha 0.0 is invalid"),
+        (["--alpha", "-1"], "--alpha -1.0 is invalid"),
         (["--family", "htfe7"], "unknown model family 'htfe7'"),
-        (["--algorithm", "fedfoo"], "algorithm='fedfoo' is invalid"),
-        (["--fraction", "1.5"], "fraction=1.5 is invalid"),
-        (["--rounds", "0"], "rounds=0 is invalid"),
-        (["--precision", "fp8"], "precision='fp8' is invalid"),
+        (["--algorithm", "fedfoo"], "--algorithm fedfoo is invalid"),
+        (["--fraction", "1.5"], "--fraction 1.5 is invalid"),
+        (["--rounds", "0"], "--rounds 0 is invalid"),
+        (["--precision", "fp8"], "--precision fp8 is invalid"),
         (["--algorithm", "local", "--lam", "1"], "algorithm 'local' has no option(s) lam"),
-        (["--algorithm", "fedtsp", "--prompt-tokens", "x"], "prompt_tokens='x' is invalid"),
-        (["--algorithm", "fedtsp", "--text-encoder", "gpt"], "text_encoder='gpt' is invalid"),
+        (["--algorithm", "fedtsp", "--prompt-tokens", "x"], "--prompt-tokens x is invalid"),
+        (["--algorithm", "fedtsp", "--text-encoder", "gpt"], "--text-encoder gpt is invalid"),
         (["--data", "/no/such/archive.tar.gz"], "--data '/no/such/archive.tar.gz' does not exist"),
     ],
 )
@@ -270,3 +270,19 @@ def test_htfllib_protocol_flags_reach_the_run_config():
     assert (matched.batch_order, matched.client_init) == ("fixed", "shared")
     assert (plain.undersized_clients, matched.undersized_clients) == ("train", "skip")
     assert matched.key() != plain.key()
+
+
+def test_an_error_names_the_flag_the_user_typed_not_the_config_field():
+    from fedtsp.cli import _as_flags, build_parser
+
+    parser = build_parser(["run", "--algorithm", "fedtsp"])
+    run = parser._subparsers._group_actions[0].choices["run"]
+    assert (
+        _as_flags("num_clients=0 is invalid; need 1", run) == "--num-clients 0 is invalid; need 1"
+    )
+    assert _as_flags("a: server_lr=-1.0 is invalid", run) == "a: --server-lr -1.0 is invalid"
+    assert _as_flags("trainable_prompts='x' is invalid", run) == "--trainable-prompts x is invalid"
+    # Not a flag of this command, or a population's own parameter: left as written.
+    assert _as_flags("context_length=9 is invalid", run) == "context_length=9 is invalid"
+    kept = "population num_clients=0 is invalid"
+    assert _as_flags(kept, run) == kept
