@@ -15,9 +15,11 @@ pauses; any time two invocations were alive at once is reported (it would be cou
 
 Every record of the store must have been written while a logged invocation was alive (the
 script stops otherwise: a record without its log has no measured time). Also reported: the
-sum of the records' own wall times over the workers, a view that counts no idle worker, and,
-for a profile with an analysis plan, the plan's estimate (`planned_run_seconds` of the plan
-and its addenda over the workers, plus the notebooks' measured work).
+sum of the records' own wall times over the workers, a view that counts no idle worker, and
+the estimate: for a profile with an analysis plan, the plan's (`planned_run_seconds` of the
+plan and its addenda over the workers), else that of `fedtsp reproduce --plan` for an empty
+store at the batch's commit (the commit its log's `start` lines name); both plus the
+notebooks' measured work.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import tempfile
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ from facts import write_result
 
 from fedtsp.core.paths import REPO_ROOT
 from fedtsp.core.results import RunStore
+from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
+from fedtsp.paper.plan import make_plan, stores_at
 from fedtsp.paper.profiles import Profile, analysis_plan_files, load_profile
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
@@ -103,15 +108,39 @@ def overlap_seconds(found: list[dict[str, Any]]) -> float:
     return total
 
 
-def plan_estimate_seconds(profile: Profile) -> float | None:
-    """The analysis plan's estimate of the profile's reproduction (None without a plan)."""
-    plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
-    if not plans:
-        return None
+def batch_commit(found: list[dict[str, Any]]) -> str:
+    """The one commit the invocations' `start` notes name (a batch keeps one code version)."""
+    commits = {m[0] for inv in found if (m := re.search(r"\b[0-9a-f]{7,40}\b", inv["note"]))}
+    if len(commits) != 1:
+        raise SystemExit(f"the log's start lines name {len(commits)} commits, not one")
+    return commits.pop()
+
+
+def estimate_seconds(profile: Profile, commit: str) -> tuple[float, str]:
+    """The estimate the batch is measured against, and what it is: the analysis plan's where
+    the profile has one, else what `fedtsp reproduce --plan` gave for an empty store at the
+    batch's commit (its runs priced from the stores committed there, the profile's older
+    records included: twins of the same configs, timed where they were made). Both add the
+    notebooks' own measured work."""
     timings = json.loads((RESULTS / "reproduce_times.json").read_text())
     cpu = timings["profiles"]["cpu"]
     notebooks = cpu["seconds"] - cpu["runs_seconds"]
-    return sum(p["planned_run_seconds"] for p in plans) / profile.workers + notebooks
+    plans = [json.loads(p.read_text()) for p in analysis_plan_files(profile)]
+    if plans:
+        runs = sum(p["planned_run_seconds"] for p in plans)
+        return runs / profile.workers + notebooks, "the analysis plan's estimate"
+    with tempfile.TemporaryDirectory() as tmp:
+        stores = stores_at(commit, Path(tmp) / "then")
+        planned, _ = make_plan(
+            profile, find_notebooks(NOTEBOOKS_DIR), Path(tmp), profile.workers, stores
+        )
+    if any(r.source != "twin" for r in planned):
+        raise SystemExit(f"runs of {profile.name} without a measured twin at {commit}")
+    runs = sum(r.seconds for r in planned)
+    return runs / profile.workers + notebooks, (
+        f"the estimate of `fedtsp reproduce --profile {profile.name} --plan` for an empty "
+        f"store at {commit}, its runs priced from the stores committed there"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     if unlogged:
         raise SystemExit(f"{len(unlogged)} records no logged invocation covers, e.g. {unlogged[0]}")
     records = sum(r["timings"]["wall"] for r in runs) / profile.workers
-    estimate = plan_estimate_seconds(profile)
+    estimate, estimated_by = estimate_seconds(profile, batch_commit(found))
     payload = {
         "what": f"wall time of fedtsp reproduce --profile {profile.name} from an empty store, "
         "measured",
@@ -146,14 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         "measured_seconds": round(logged, 1),
         "overlap_seconds": round(overlap, 1),
         "records_wall_over_workers_seconds": round(records, 1),
-        "plan_estimate_seconds": None if estimate is None else round(estimate, 1),
-        "measured_over_estimate": None if estimate is None else round(logged / estimate, 3),
+        "estimate_seconds": round(estimate, 1),
+        "estimated_by": estimated_by,
+        "measured_over_estimate": round(logged / estimate, 3),
     }
     against = (
-        "no analysis plan, so no pre-registered estimate"
-        if estimate is None
-        else f"the plan's estimate: {estimate / 3600:.2f} h "
-        f"(measured / estimate = {logged / estimate:.2f})"
+        f"{estimated_by}: {estimate / 3600:.2f} h (measured / estimate = {logged / estimate:.2f})"
     )
     rows = [
         "| invocation | start (UTC) | last sign of life | paused | active | of which shared |",

@@ -3,13 +3,10 @@ advance, and outputs held to the plan."""
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import subprocess
-import tarfile
 from collections import defaultdict
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -220,17 +217,6 @@ def _git(*args: str) -> str:
     ).stdout.strip()
 
 
-def _stores_at(commit: str, into: Path) -> list[Path]:
-    """The run stores' records as committed at `commit`, written under `into`."""
-    archive = subprocess.run(
-        ["git", "archive", commit, "--", "results/*/runs/*.json"], cwd=REPO_ROOT,
-        capture_output=True, check=True,
-    ).stdout  # fmt: skip
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    return sorted((into / "results").glob("*/runs"))
-
-
 def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path):
     """`fedtsp reproduce --profile evidence --plan` from an empty store: every run priced
     from measured twins, and the whole within 12 hours at the profile's workers. The twins
@@ -238,12 +224,12 @@ def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path
     evidence profile's own. Records committed since (the batch's own, a store rerun on
     another machine) are timed under other conditions and do not reprice a plan written
     before them."""
-    from fedtsp.paper.plan import make_plan
+    from fedtsp.paper.plan import make_plan, stores_at
 
     profile = load_profile("evidence")
     files = analysis_plan_files(profile)
     priced_at = _git("log", "-1", "--format=%H", "--", *map(str, files))
-    before = [s for s in _stores_at(priced_at, tmp_path / "then") if s.parent.name != profile.name]
+    before = [s for s in stores_at(priced_at, tmp_path / "then") if s.parent.name != profile.name]
     assert before  # (a shallow clone has no history to read them from)
     empty = tmp_path / "results"
     runs, _ = make_plan(profile, find_notebooks(NOTEBOOKS_DIR), empty, profile.workers, before)

@@ -268,11 +268,17 @@ def test_a_batchs_wall_time_is_each_invocations_life_less_its_pauses():
     # heartbeat beats once a minute).
     written = [{"created": f"2026-12-05T{t}+0000"} for t in ("10:20:00", "12:31:00", "12:45:00")]
     assert [wall._covers(found[0], r) for r in written] == [True, True, False]
-    # The estimate it is set against: the analysis plan's, where the profile has one.
+    # The estimate it is set against: the analysis plan's, where the profile has one, else
+    # `--plan`'s for an empty store at the one commit the start lines name.
     from fedtsp.paper.profiles import load_profile
 
-    assert wall.plan_estimate_seconds(load_profile("cpu")) is None
-    assert 10 * 3600 < wall.plan_estimate_seconds(load_profile("evidence")) < 20 * 3600
+    assert wall.batch_commit(found) == "4715453"
+    with pytest.raises(SystemExit, match="name 2 commits"):
+        wall.batch_commit(found + wall.invocations("start 2026-12-06T10:00:00Z note: f77c40b"))
+    seconds, by = wall.estimate_seconds(load_profile("evidence"), "f77c40b")
+    assert 10 * 3600 < seconds < 20 * 3600 and by == "the analysis plan's estimate"
+    seconds, by = wall.estimate_seconds(load_profile("cpu"), "f77c40b")
+    assert 2 * 3600 < seconds < 6 * 3600 and "--plan` for an empty store at f77c40b" in by
 
 
 def test_the_gpu_check_measures_every_part_and_its_output_feeds_the_plan(tmp_path, monkeypatch):

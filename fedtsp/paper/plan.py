@@ -24,7 +24,10 @@ architecture instead, to multiply by the device's speed.
 from __future__ import annotations
 
 import heapq
+import io
 import json
+import subprocess
+import tarfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -121,6 +124,22 @@ def measured_costs(stores: list[Path]) -> dict[str, list[RoundCost]]:
 def committed_stores() -> list[Path]:
     """Every run store committed in the repository (one per profile, and the pilot's)."""
     return sorted((REPO_ROOT / "results").glob("*/runs"))
+
+
+def stores_at(commit: str, into: Path) -> list[Path]:
+    """The run stores' records as committed at `commit`, written under `into`: the twins a
+    plan made at that commit was priced from (records committed since, timed on another
+    machine or beside other work, do not reprice it). Needs the repository's history."""
+    archive = subprocess.run(
+        ["git", "archive", commit, "--", "results/*/runs/*.json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+    )
+    if archive.returncode != 0:
+        raise RuntimeError(f"cannot read the run stores at {commit}: {archive.stderr.decode()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    return sorted((into / "results").glob("*/runs"))
 
 
 def run_images(config: RunConfig, source: DataSource) -> dict[str, tuple[int, int]]:
