@@ -738,8 +738,8 @@ def _as_flags(message: str, command: argparse.ArgumentParser) -> str:
             flags.setdefault(dest.removeprefix("opt_"), flag)
 
     def spelled(match: re.Match[str]) -> str:
-        field, value = match.group(1), match.group(2)
-        return f"{flags[field]} {value.strip(chr(39))} is invalid" if field in flags else match[0]
+        field, value = match.group(1), match.group(2).strip("'")
+        return f"{flags[field]} {value} is invalid" if field in flags else match[0]
 
     # (a population's own parameters share some names with flags: left as they are)
     return re.sub(r"(?<![\w.-])(?<!population )(\w+)=(\S+?) is invalid", spelled, message)
