@@ -4,9 +4,10 @@
 #
 #   benchmarks/batch_start.sh WORKTREE COMMIT PROFILE LOG
 #
-# Creates WORKTREE at COMMIT if it is missing and puts the checkout's store of PROFILE in place
-# of the one committed at COMMIT (the batch resumes from what is stored there; records the
-# checkout has since removed must not come back); refuses a WORKTREE at another commit.
+# Creates WORKTREE at COMMIT if it is missing and puts in place of the store of PROFILE committed
+# at COMMIT the checkout's records made by COMMIT (the batch resumes from what is stored there:
+# records the checkout has since removed must not come back, and records of another code
+# version must not count as done); refuses a WORKTREE at another commit.
 # The batch runs `fedtsp reproduce --profile PROFILE` with the worktree's own code and this
 # checkout's virtual environment, one thread per process, a line per finished run in
 # WORKTREE/batch.log;
@@ -18,8 +19,14 @@ store=results/$profile/runs
 if [ ! -d "$worktree" ]; then
     git worktree add --detach "$worktree" "$commit" > /dev/null
     rm -rf "${worktree:?}/$store"
-    mkdir -p "$worktree/results/$profile"
-    [ -d "$store" ] && cp -a "$store" "$worktree/results/$profile/"
+    mkdir -p "$worktree/$store"
+    full=$(git rev-parse "$commit^{commit}")
+    for record in "$store"/*.json; do
+        [ -f "$record" ] && grep -q "\"git_commit\": \"$full\"" "$record" || continue
+        cp -p "$record" "$worktree/$store/"
+        artifacts=${record%.json}.artifacts.npz
+        if [ -f "$artifacts" ]; then cp -p "$artifacts" "$worktree/$store/"; fi
+    done
 fi
 head=$(git -C "$worktree" rev-parse HEAD)
 if [ "$head" != "$(git rev-parse "$commit^{commit}")" ]; then
