@@ -211,12 +211,6 @@ def test_the_budget_leaves_out_the_notebooks_own_work_and_a_last_run_alone():
     )
 
 
-def _git(*args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path):
     """`fedtsp reproduce --profile evidence --plan` from an empty store: every run priced
     from measured twins, and the whole within 12 hours at the profile's workers. The twins
@@ -228,18 +222,18 @@ def test_reproduce_plan_estimates_the_planned_profile_within_the_budget(tmp_path
 
     profile = load_profile("evidence")
     files = analysis_plan_files(profile)
-    priced_at = _git("log", "-1", "--format=%H", "--", *map(str, files))
+    priced_at = plan_commit(*files)
     before = [s for s in stores_at(priced_at, tmp_path / "then") if s.parent.name != profile.name]
     assert before  # (a shallow clone has no history to read them from)
     empty = tmp_path / "results"
     runs, _ = make_plan(profile, find_notebooks(NOTEBOOKS_DIR), empty, profile.workers, before)
     assert {r.source for r in runs} == {"twin"} and not any(r.stored for r in runs)
     assert len(runs) == sum(group_seeds(analysis_plan_data(profile)).values())
-    files = [json.loads(p.read_text()) for p in files]
+    plans = [json.loads(p.read_text()) for p in files]
     hours = sum(r.seconds for r in runs) / profile.workers / 3600
-    planned = sum(f["planned_run_seconds"] for f in files) / profile.workers / 3600
+    planned = sum(f["planned_run_seconds"] for f in plans) / profile.workers / 3600
     assert hours == pytest.approx(planned, rel=0.01)
-    assert hours <= sum(f["budget_hours"] for f in files)
+    assert hours <= sum(f["budget_hours"] for f in plans)
 
 
 def test_the_committed_plan_is_not_rebuilt_without_replace(capsys):

@@ -673,9 +673,9 @@ def report(plan: dict[str, Any]) -> str:
 # Checking outputs against the plan
 
 
-def plan_commit(path: Path = PLAN_FILE) -> str | None:
-    """The commit that last changed the plan file."""
-    return _git(["log", "-1", "--format=%H", "--", str(path)], REPO_ROOT)
+def plan_commit(*paths: Path) -> str | None:
+    """The commit that last changed any of the plan files (default: the plan itself)."""
+    return _git(["log", "-1", "--format=%H", "--", *map(str, paths or (PLAN_FILE,))], REPO_ROOT)
 
 
 def addendum_commits(profile: Profile | str) -> dict[str, tuple[str | None, frozenset[int]]]:
