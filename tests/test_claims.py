@@ -225,7 +225,10 @@ def test_a_sections_reading_says_each_part_and_what_a_reader_could_misread(tmp_p
     )
     text = C.section_reading(findings, ["F3", "F2", "F8", "F9", "F1"])
     assert text.startswith("**Reading.** **F3** (FedTSP is more accurate than")
-    assert "**not separated**, these seeds cannot tell the effect from no difference." in text
+    assert (
+        "**not separated**, these seeds, Holm-corrected within the claim, decide it neither way."
+        in text
+    )
     assert "- a: x - y +1.27 [" in text and "(n = 3): not separated (p = 0.029 alone, 0.057 after Holm within the claim)" in text  # fmt: skip
     assert "**F2** (" in text and "**contradicted**, the data go against the paper here." in text
     assert "c: x - u -0.003 [" in text and "inside ± 0.05, so the difference is small" in text
@@ -274,6 +277,9 @@ def test_unconverged_runs_keep_their_verdict_but_say_so_and_fail_a_balanced_test
     assert local.verdict == C.HOLDS and local.reason == "not converged at 20 rounds"
     balanced = C.compare("F7", "x", "y", ours, theirs, chance=10.0, converged=False, rounds=20)
     assert balanced.verdict == C.NOT_TESTABLE
+    assert (
+        balanced.reason == "not converged at 20 rounds (a balanced test set needs converged runs)"
+    )
 
 
 def test_context_reads_floors_and_plateaus_from_a_runs_frame():

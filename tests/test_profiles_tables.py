@@ -15,7 +15,15 @@ from fedtsp.paper.experiments import DataSource, method_config
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.outputs import ResultsWriter, write_index
 from fedtsp.paper.profiles import load_profile, notebook_parameters, profile_names
-from fedtsp.paper.tables import best_mask, mean_std, reading, to_latex, to_markdown
+from fedtsp.paper.tables import (
+    UNCONVERGED_NOTE,
+    UNCONVERGED_SHORT,
+    best_mask,
+    mean_std,
+    reading,
+    to_latex,
+    to_markdown,
+)
 
 
 def test_profiles_load_and_cover_every_notebook():
@@ -194,6 +202,27 @@ def test_results_writer_records_provenance_and_index(tmp_path):
     assert "| Table 1 | t1 | `03_main_table` |" in index
 
 
+def test_a_notebooks_writer_shows_each_table_and_explains_the_mark_once(tmp_path, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj: shown.append(obj.data))
+    writer = ResultsWriter(tmp_path / "cpu", "03_main_table", "cpu", show=True)
+    table = pd.DataFrame({"method": ["A", "B"], "acc": ["1.00 ± 0.10 †", "2.00 ± 0.20"]})
+    bold = pd.DataFrame({"method": [False, False], "acc": [False, True]})
+    for name in ("t1", "t2"):
+        writer.table(table, name, "Table 1", f"caption of {name}", bold=bold)
+    # What the reader sees is the saved file: best cell in bold, caption, the mark explained.
+    saved = (tmp_path / "cpu" / "tables" / "t1.md").read_text()
+    assert shown[0] + "\n" == saved and "| B | **2.00 ± 0.20** |" in saved
+    assert "caption of t1" in saved and UNCONVERGED_NOTE in saved
+    # The second table's file explains the mark in full; the notebook points to the first.
+    assert UNCONVERGED_NOTE in (tmp_path / "cpu" / "tables" / "t2.md").read_text()
+    assert UNCONVERGED_NOTE not in shown[1] and shown[1].endswith(UNCONVERGED_SHORT)
+    ResultsWriter(tmp_path / "smoke", "03_main_table", "smoke").table(table, "t", "T", "c")
+    assert len(shown) == 2  # a writer outside a notebook displays nothing
+
+
 def test_auto_data_falls_back_to_default_places_per_dataset(tmp_path, monkeypatch):
     from pathlib import Path
 
@@ -240,7 +269,7 @@ def test_a_reading_names_the_leader_the_gap_and_a_setting_that_barely_learns():
     low = reading(numbers, "method", "dataset", floor=lambda key: 50.0)
     assert "below the 50 % a setting must reach to compare methods: not a result" in low
     fast = reading(numbers, "method", "dataset", higher_is_better=False)
-    assert fast.startswith("Reading: d1: C leads with 3.00 (n = 2, all equal)")
+    assert fast.startswith("Reading (lower is better): d1: C leads with 3.00 (n = 2, all equal)")
     tie = numbers.assign(mean=[5.0, 5.0, 1.0])
     assert ", tied with B" in reading(tie, "method", "dataset")
 

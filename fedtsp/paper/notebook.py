@@ -104,7 +104,12 @@ def open_notebook(
     params = notebook_parameters(profile, name, results_root, relative_to=".", overrides=overrides)
     source = DataSource(params["data"], params["synthetic_per_class"])
     writer = ResultsWriter(
-        params["results_dir"], name, profile, params["about"], planned=params["planned_skips"]
+        params["results_dir"],
+        name,
+        profile,
+        params["about"],
+        planned=params["planned_skips"],
+        show=True,
     )
     short_errors()
     print(f"profile {profile}: {params['about'] or '(custom parameters)'}")

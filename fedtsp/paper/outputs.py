@@ -19,7 +19,14 @@ from fedtsp.core.atomic import atomic_write_text
 from fedtsp.core.paths import scrub_paths
 from fedtsp.core.results import code_version
 from fedtsp.paper import claims as _claims
-from fedtsp.paper.tables import UNCONVERGED, UNCONVERGED_NOTE, to_csv, to_latex, to_markdown
+from fedtsp.paper.tables import (
+    UNCONVERGED,
+    UNCONVERGED_NOTE,
+    UNCONVERGED_SHORT,
+    to_csv,
+    to_latex,
+    to_markdown,
+)
 
 INDEX_HEADER = """# Results
 
@@ -60,8 +67,11 @@ class ResultsWriter:
         profile: str,
         about: str = "",
         planned: dict[str, str] | None = None,
+        show: bool = False,
     ):
         self.root = Path(results_dir)
+        self.show = show  # a notebook's writer also displays each table it saves
+        self._unconverged_explained = False
         self.notebook = notebook
         self.profile = profile
         self.about = about
@@ -150,7 +160,8 @@ class ResultsWriter:
         bold: pd.DataFrame | None = None,
         numbers: pd.DataFrame | None = None,
     ) -> None:
-        """Save `table` (strings or numbers) as CSV, Markdown and LaTeX.
+        """Save `table` (strings or numbers) as CSV, Markdown and LaTeX; with `show`, also
+        display its Markdown (the notebook's view of the table).
 
         `bold` (same shape, booleans) marks the best cells: **x** in Markdown, \\textbf{x}
         in LaTeX, a trailing `*` in the CSV. `numbers` (e.g. the third frame of
@@ -170,14 +181,21 @@ class ResultsWriter:
                 "are not run (no planned claim part needs them): their rows or cells are absent, "
                 "not lost (the notebook lists them)."
             )
+        text = to_markdown(table, bold) + footer
+        # The file explains the † in full; the notebook's reader gets it in full once.
+        note = ""
         if table.map(lambda v: isinstance(v, str) and v.endswith(UNCONVERGED)).any().any():
-            footer += f"\n\n{UNCONVERGED_NOTE}"
-            print(UNCONVERGED_NOTE)  # the notebook's reader sees the mark explained too
+            note = UNCONVERGED_SHORT if self._unconverged_explained else UNCONVERGED_NOTE
+            self._unconverged_explained = True
         files = [base.with_suffix(".csv"), base.with_suffix(".md"), base.with_suffix(".tex")]
         atomic_write_text(files[0], to_csv(marked))
-        atomic_write_text(files[1], to_markdown(table, bold) + footer + "\n")
+        atomic_write_text(files[1], text + (f"\n\n{UNCONVERGED_NOTE}" if note else "") + "\n")
         atomic_write_text(files[2], to_latex(table, bold, caption))
         self._record("table", name, files, target, runs, notes)
+        if self.show:  # the saved Markdown, best cells in bold, with its caption
+            from IPython.display import Markdown, display
+
+            display(Markdown(text + (f"\n\n{note}" if note else "")))
 
     def figure(
         self, fig: Any, name: str, target: str, runs: list[str] = (), notes: str = ""

@@ -15,6 +15,9 @@ UNCONVERGED_NOTE = (
     f"{UNCONVERGED}: at least one of the cell's runs had not converged by the plateau rule "
     f"({PLATEAU_RULE})."
 )
+UNCONVERGED_SHORT = (
+    f"{UNCONVERGED}: a run of the cell had not converged (plateau rule under the first table)."
+)
 
 
 def mean_std(
@@ -115,7 +118,8 @@ def reading(
                 f" (below the {level:.0f} % a setting must reach to compare methods: not a result)"
             )
         parts.append(text)
-    return "Reading: " + "; ".join(parts) + "." if parts else "Reading: no numbers."
+    head = "Reading: " if higher_is_better else "Reading (lower is better): "
+    return head + "; ".join(parts) + "." if parts else "Reading: no numbers."
 
 
 def best_mask(means: pd.DataFrame, higher_is_better: bool = True) -> pd.DataFrame:

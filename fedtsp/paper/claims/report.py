@@ -26,10 +26,11 @@ from fedtsp.paper.claims.rule import (
 from fedtsp.paper.statistics import summarize
 from fedtsp.paper.tables import to_csv, to_markdown
 
-# The rule is stated once (claims.md, docs/evidence.md); a notebook links to it.
+# The rule is stated once (claims.md, docs/evidence.md); a notebook links to it, from its
+# executed copy in papermill_runs/<profile>/ (the only copy with outputs).
 RULE_LINK = (
     "Verdicts by the one decision rule of every notebook: "
-    "[docs/evidence.md, The decision rule](../docs/evidence.md#the-decision-rule)."
+    "[docs/evidence.md, The decision rule](../../docs/evidence.md#the-decision-rule)."
 )
 
 
@@ -99,7 +100,7 @@ _SAID = (
     (HOLDS, "Hold"),
     (CONTRADICTED, "Contradicted"),
     (EQUIVALENT, "Equivalent (a measured no difference, inside ± the margin)"),
-    (NOT_SEPARATED, "Not separated (the interval admits both no difference and the effect)"),
+    (NOT_SEPARATED, "Not separated (after Holm within the claim, the seeds decide neither way)"),
     (NOT_TESTABLE, "Not testable here"),
 )
 _MOST_PARTS = 3  # parts quoted per claim; the rest are in the table below
@@ -191,7 +192,7 @@ _MEANS = {
     HOLDS: "the data support the paper here",
     CONTRADICTED: "the data go against the paper here",
     EQUIVALENT: "a measured no difference",
-    NOT_SEPARATED: "these seeds cannot tell the effect from no difference",
+    NOT_SEPARATED: "these seeds, Holm-corrected within the claim, decide it neither way",
     NOT_TESTABLE: "this setting cannot test it",
 }
 

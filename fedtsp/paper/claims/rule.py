@@ -276,6 +276,7 @@ def compare(
         reasons.append(f"not converged{at}")
         if chance is not None:  # a balanced test set needs converged runs
             testable = False
+            reasons[-1] += " (a balanced test set needs converged runs)"
     if not testable:
         why = "; ".join(reasons)
         return Finding(claim, scope, comparison, effect, NOT_TESTABLE, why, unit=unit, kind=kind,
