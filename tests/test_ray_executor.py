@@ -49,7 +49,7 @@ def _task_process(key: str) -> psutil.Process | None:
 
 
 def test_a_killed_worker_leaves_no_record_and_the_rerun_completes(ray_cluster, profile, tmp_path):
-    spec = _spec(rounds=12)
+    spec = _spec(rounds=24)  # rounds enough that the run is still going when it is killed
     key = _key(spec)
     store = RunStore(tmp_path / "ray")
     outcome: dict[str, BaseException] = {}
@@ -64,11 +64,13 @@ def test_a_killed_worker_leaves_no_record_and_the_rerun_completes(ray_cluster, p
     thread = threading.Thread(target=batch)
     thread.start()
     deadline = time.monotonic() + 300
-    while not store.checkpoint_path(key).exists():  # mid-run: a round is finished
+    # Find the worker first, then kill it as soon as a round is finished (mid-run): on a
+    # loaded machine a slower poll once let the run end before it was killed.
+    worker = None
+    while worker is None or not store.checkpoint_path(key).exists():
         assert time.monotonic() < deadline and thread.is_alive(), outcome
-        time.sleep(0.2)
-    worker = _task_process(key)
-    assert worker is not None
+        worker = worker or _task_process(key)
+        time.sleep(0.01)
     os.kill(worker.pid, signal.SIGKILL)
     thread.join(300)
     error = outcome.get("error")
