@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import nltk
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from matplotlib.figure import Figure
@@ -410,7 +411,15 @@ def test_minilm_prototypes_before_training_keep_their_measured_semantics():
     # The numbers first measured for issue 3 (CIFAR-10, MiniLM, no context vectors): the
     # encoder alone already ranks class pairs like WordNet (rho about 0.69 for every prompt
     # set), and descriptions widen the animals / vehicles gap over the bare template.
-    table = S.untrained_text_table({"cifar10": dataset_info("cifar10").classes})
+    classes = {"cifar10": dataset_info("cifar10").classes}
+    threads = torch.get_num_threads()
+    try:  # the committed table must not depend on the machine's thread count
+        torch.set_num_threads(1)
+        table = S.untrained_text_table(classes)
+        torch.set_num_threads(2)
+        pd.testing.assert_frame_equal(S.untrained_text_table(classes), table, check_exact=True)
+    finally:
+        torch.set_num_threads(threads)
     assert list(table["prompts"]) == [S.WORDNET_ROW, *S.PROMPT_SETS]
     assert table["rho"].tolist() == pytest.approx([1.0, 0.691, 0.692, 0.686], abs=5e-4)
     assert table["gap"].tolist() == pytest.approx([0.409, 0.131, 0.185, 0.158], abs=5e-4)

@@ -560,6 +560,9 @@ def plot_similarity_heatmap(
 
 PROMPT_SETS = ("manual", "short", "long")  # the handcrafted template and the two description sets
 WORDNET_ROW = "WordNet Wu-Palmer (reference)"
+# The encoder's float32 sums change with the thread count in about the 8th digit; a table
+# computed live keeps 4 decimals so that every machine writes the same committed numbers.
+LIVE_DECIMALS = 4
 
 
 def untrained_text_semantics(
@@ -585,7 +588,8 @@ def untrained_text_table(
     """Per dataset (name -> class names): WordNet's own semantic gap (the reference row, rho
     1 by definition), then rho and gap of each text encoder's class prototypes before any
     training, per prompt set: each class's prototype is the mean feature of its prompts,
-    no context vectors. Columns: dataset, text_encoder, prompts, rho, gap."""
+    no context vectors. Columns: dataset, text_encoder, prompts, rho, gap, rounded to
+    LIVE_DECIMALS."""
     import pandas as pd
 
     from fedtsp.models.prompts import PromptLearner
@@ -606,4 +610,5 @@ def untrained_text_table(
                 sim = prototype_similarity(learner.frozen_prototypes())
                 rho, gap = semantic_alignment(sim, reference), semantic_gap(sim, groups)
                 rows.append((dataset, name, prompts, rho, gap))
-    return pd.DataFrame(rows, columns=["dataset", "text_encoder", "prompts", "rho", "gap"])
+    table = pd.DataFrame(rows, columns=["dataset", "text_encoder", "prompts", "rho", "gap"])
+    return table.round({"rho": LIVE_DECIMALS, "gap": LIVE_DECIMALS})
