@@ -38,7 +38,9 @@ if pgrep -f "fedtsp.cli reproduce --profile $profile" > /dev/null; then
     exit 2
 fi
 cd "$worktree"  # a background job, not a subshell's: the script returns at once
-PYTHONPATH=. setsid nohup env OMP_NUM_THREADS=1 "$repo/.venv/bin/python" \
+# An absolute PYTHONPATH: the notebooks' kernels start in notebooks/, where "." would miss the
+# worktree's code and import this checkout's (its editable install) instead.
+PYTHONPATH="$PWD" setsid nohup env OMP_NUM_THREADS=1 "$repo/.venv/bin/python" \
     -m fedtsp.cli reproduce --profile "$profile" --no-progress > batch.log 2>&1 < /dev/null &
 cd "$repo"
 sleep 3
