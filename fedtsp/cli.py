@@ -1,5 +1,5 @@
-"""Command line: `fedtsp run`, `partition`, `describe`, `reproduce`, `verify` (also
-`python -m fedtsp ...`)."""
+"""Command line: `fedtsp run`, `partition`, `describe`, `reproduce`, `verify`, `claims`
+(also `python -m fedtsp ...`)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ writes `results/pilot/pilot.{md,json}`: rounds to plateau per method and dataset
 standard deviation of each paired difference at several schedule lengths (a run's history
 up to round r is the run it would have been with r rounds, except AlignFed's, whose anchor
 weight decays over the configured rounds), the label prior, and the wall time per run.
-The analysis plan (`fedtsp.paper.claims.plan`) takes its schedule and seeds from these.
+The analysis plan (`fedtsp.paper.claims.analysis_plan`) takes its schedule and seeds from these.
 """
 
 from __future__ import annotations
