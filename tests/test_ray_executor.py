@@ -64,13 +64,19 @@ def test_a_killed_worker_leaves_no_record_and_the_rerun_completes(ray_cluster, p
     thread = threading.Thread(target=batch)
     thread.start()
     deadline = time.monotonic() + 300
-    # Find the worker first, then kill it as soon as a round is finished (mid-run): on a
-    # loaded machine a slower poll once let the run end before it was killed.
     worker = None
-    while worker is None or not store.checkpoint_path(key).exists():
+    while worker is None:
         assert time.monotonic() < deadline and thread.is_alive(), outcome
-        worker = worker or _task_process(key)
-        time.sleep(0.01)
+        worker = _task_process(key)
+    # Step the worker in slices of a few milliseconds (SIGSTOP / SIGCONT) until its first
+    # checkpoint, then kill it: polling a free-running worker let the whole run end between
+    # two polls on a loaded machine (twice in CI); a stopped worker cannot outrun the test.
+    worker.suspend()
+    while not store.checkpoint_path(key).exists():
+        assert time.monotonic() < deadline, "no checkpoint within 300 s"
+        worker.resume()
+        time.sleep(0.005)
+        worker.suspend()
     os.kill(worker.pid, signal.SIGKILL)
     thread.join(300)
     error = outcome.get("error")
