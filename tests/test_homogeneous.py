@@ -218,7 +218,7 @@ def test_fedtsp_gfl_averages_the_whole_model_and_aligns_to_text(tiny_data):
     torch.testing.assert_close(client.state.targets, text)
     cosines = F.normalize(feats.float(), dim=1) @ text.T
     want = F.cross_entropy(client.state.logit_scale.exp() * cosines, y)
-    assert float(align) == pytest.approx(run.client_half.opts.lam * float(want), rel=1e-5)
+    assert align.item() == pytest.approx(run.client_half.opts.lam * want.item(), rel=1e-5)
     train_rounds(run, 1)
     assert all(same_state(c.model, run.clients[0].model) for c in run.clients)
     assert run.server.text_protos.shape == (10, 384)
