@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from fedtsp.core.paths import REPO_ROOT
-from fedtsp.paper.claims import NOT_TESTABLE, semantics
+from fedtsp.paper.claims import NOT_TESTABLE, homogeneous, semantics
 from fedtsp.paper.claims.analysis_plan import (
     PLAN_FILE,
     PLANNED,
@@ -116,6 +116,43 @@ def test_a_fixed_comparator_is_used_even_where_another_rival_is_stronger():
                                status=ceiling, seeds=None),), {})  # fmt: skip
     assert [f.reason for f in semantics(sem, plan=plan)] == [ceiling]
     assert math.isnan(found["F2"].p_holm)
+
+
+def test_every_part_of_a_judged_claim_shows_even_where_the_plan_gave_it_no_runs():
+    sem = pd.DataFrame(
+        [
+            {"dataset": "cifar10", "method": m, "seed": s, "rho": v + 0.01 * s, "gap": 0.1}
+            for s in (10, 11, 12)
+            for m, v in (("FedTSP-MiniLM", 0.7), ("FedTGP", 0.6))
+        ]
+    )
+    plan = AnalysisPlan(
+        (
+            _part("F1", "cifar10", "FedTSP-MiniLM - FedTGP", "FedTGP"),
+            _part("F1", "cifar100", "FedTSP-MiniLM - FedTGP", "FedTGP", seeds=51,
+                  status="not testable at this budget"),
+            _part("F2", "cifar100", "FedTSP-MiniLM - FedTGP", "FedTGP"),
+            _part("F3", "cifar100, Dir(0.1)", "FedTSP-MiniLM - FedTGP", "FedTGP"),
+        ),
+        {},
+    )  # fmt: skip
+    found = [(f.claim, f.scope, f.verdict, f.reason, f.effect.n) for f in semantics(sem, plan=plan)]
+    assert found[0][:2] == ("F1", "cifar10") and found[0][4] == 3
+    assert found[1:] == [  # F3 is not a claim semantics judges, so it stays out
+        ("F1", "cifar100", NOT_TESTABLE, "not testable at this budget: needs 51 seeds", 0),
+        ("F2", "cifar100", NOT_TESTABLE, "planned, but no runs of it here", 0),
+    ]
+    # With no runs at all (a notebook whose every group the plan leaves out) the parts remain.
+    empty = sem.iloc[:0]
+    assert [f.scope for f in semantics(empty, plan=plan)] == ["cifar10", "cifar100", "cifar100"]
+    table3 = AnalysisPlan(
+        (_part("F15", "GFL, cifar100", "FedTSP-GFL - FedETF", "FedETF", seeds=23,
+               status="not testable at this budget"),),
+        {},
+    )  # fmt: skip
+    assert [
+        (f.claim, f.reason) for f in homogeneous(pd.DataFrame(), {"cifar100": 1.0}, table3)
+    ] == [("F15", "not testable at this budget: needs 23 seeds")]
 
 
 def test_check_reports_unplanned_and_unjudged_parts_and_records_older_than_the_plan(tmp_path):

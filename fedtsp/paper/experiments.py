@@ -234,7 +234,9 @@ def _setting_converged(record: dict[str, Any]) -> bool:
 
 
 def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per run: its labels, seed, key and summary numbers (accuracies in %)."""
+    """One row per run: its labels, seed, key and summary numbers (accuracies in %); with
+    no runs (a notebook whose groups the analysis plan leaves out), an empty frame that
+    still has the seed and key columns."""
     rows = []
     for spec, rec in zip(specs, records, strict=True):
         summary = rec["summary"]
@@ -268,4 +270,4 @@ def runs_table(specs: list[RunSpec], records: list[dict[str, Any]]) -> pd.DataFr
                 "data_source": rec["dataset"]["source"],
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["seed", "key"])

@@ -62,7 +62,7 @@ from fedtsp.paper.claims.power import (
     seeds_needed,
 )
 from fedtsp.paper.claims.registry import paper_gains
-from fedtsp.paper.claims.rule import ALPHA, MARGINS, NOT_TESTABLE, Finding
+from fedtsp.paper.claims.rule import _EMPTY, ALPHA, MARGINS, NOT_TESTABLE, Finding
 from fedtsp.paper.experiments import DataSource, seed_group
 from fedtsp.paper.floors import CEILING
 from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
@@ -125,24 +125,47 @@ class AnalysisPlan:
                 return p
         return None
 
-    def restrict(self, findings: Iterable[Finding]) -> list[Finding]:
+    def restrict(self, findings: Iterable[Finding], claims: Iterable[str] = ()) -> list[Finding]:
         """The planned findings only; a part over the budget says so and how many seeds
-        it would need."""
-        out = []
+        it would need. Every part of `claims` the findings lack is added, not testable,
+        with why: a part the budget left without runs still shows in the claims table."""
+        out, seen = [], set()
         for f in findings:
             part = self.part(f.claim, f.scope, f.comparison)
             if part is None:
                 continue
+            seen.add(part)
             if part.status != PLANNED:
-                reason = part.status
-                if part.status == OVER_BUDGET:
-                    need = "more than 100" if part.seeds is None else str(part.seeds)
-                    reason = f"{part.status}: needs {need} seeds"
                 f = dataclasses.replace(
-                    f, verdict=NOT_TESTABLE, reason=reason, tests=(), p_holm=math.nan
+                    f, verdict=NOT_TESTABLE, reason=_unplanned(part), tests=(), p_holm=math.nan
                 )
             out.append(f)
+        claims = set(claims)
+        for part in self.parts:
+            if part.claim in claims and part not in seen:
+                why = "planned, but no runs of it here" if part.status == PLANNED else None
+                out.append(
+                    Finding(
+                        part.claim,
+                        part.scope,
+                        part.comparison,
+                        _EMPTY,
+                        NOT_TESTABLE,
+                        why or _unplanned(part),
+                        unit=part.unit,
+                        margin=part.margin,
+                        kind="within" if part.kind == "equivalent" else part.kind,
+                    )  # fmt: skip
+                )
         return out
+
+
+def _unplanned(part: PlannedPart) -> str:
+    """Why a part the plan does not run is not testable (with the seeds it would need)."""
+    if part.status != OVER_BUDGET:
+        return part.status
+    need = "more than 100" if part.seeds is None else str(part.seeds)
+    return f"{part.status}: needs {need} seeds"
 
 
 def load_plan(profile: Profile | str) -> AnalysisPlan | None:

@@ -116,9 +116,12 @@ def _versus_strongest(
     return out
 
 
-def _judged(findings: Sequence[Finding], plan: AnalysisPlan | None) -> list[Finding]:
-    """`judge`, over the planned parts only where there is a plan."""
-    return judge(findings if plan is None else plan.restrict(findings))
+def _judged(
+    findings: Sequence[Finding], plan: AnalysisPlan | None, claims: Sequence[str]
+) -> list[Finding]:
+    """`judge`, over the planned parts only where there is a plan, which also names each
+    part of `claims` (the claims the caller judges) that has no runs here."""
+    return judge(findings if plan is None else plan.restrict(findings, claims))
 
 
 def semantics(
@@ -153,7 +156,7 @@ def semantics(
                             unit="",
                         )
                     )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F1", "F2"))
 
 
 def main_table(
@@ -205,7 +208,7 @@ def main_table(
             out += _versus_strongest(
                 "F6", f"{family}, {ds}", part, "best_acc", ours, rivals, plan=plan
             )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F3", "F4", "F5", "F6", "F7", "F8", "F9"))
 
 
 def _plateau(
@@ -362,7 +365,7 @@ def ablations(
                     **context(part, "best_acc", prompts=[upper, lower]),
                 )
             )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F10", "F11", "F12"))
 
 
 def authors_runs(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
@@ -381,7 +384,7 @@ def authors_runs(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[F
         )
         for ds, part in runs.groupby("dataset", sort=False)
     ]
-    return _judged(out, plan)
+    return _judged(out, plan, ("F17",))
 
 
 def writers(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
@@ -420,7 +423,7 @@ def writers(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Findin
                     **context(pd.concat([other, ref]), "best_acc"),
                 )
             )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F13",))
 
 
 def privacy(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
@@ -440,7 +443,7 @@ def privacy(runs: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Findin
                     **context(part, "best_acc", epsilon=[eps, "no DP"]),
                 )
             )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F14",))
 
 
 def homogeneous(
@@ -449,7 +452,8 @@ def homogeneous(
     """Table 3 (F15 GFL, F16 PFL): `runs` with columns block, method, dataset, seed,
     setting_acc."""
     out = []
-    for (block, ds), part in runs.groupby(["block", "dataset"], sort=False):
+    blocks = runs.groupby(["block", "dataset"], sort=False) if len(runs) else []  # none run
+    for (block, ds), part in blocks:
         claim = "F15" if block == "GFL" else "F16"
         rivals = [m for m in part["method"].unique() if not m.startswith("FedTSP")]
         for ours in fedtsp_labels(part["method"]):
@@ -461,7 +465,7 @@ def homogeneous(
             out += _versus_strongest(
                 claim, f"{block}, {ds}", part, "setting_acc", ours, rivals, plan=plan, **floors
             )
-    return _judged(out, plan)
+    return _judged(out, plan, ("F15", "F16"))
 
 
 def fmcl(bench: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]:
@@ -484,7 +488,7 @@ def fmcl(bench: pd.DataFrame, plan: AnalysisPlan | None = None) -> list[Finding]
         out += _versus_strongest(
             "M3", str(population), part, "accuracy", "fmcl", ["fedavg"], plan=plan
         )
-    return _judged(out, plan)
+    return _judged(out, plan, ("M1", "M2", "M3"))
 
 
 def _same_clusters(part: pd.DataFrame, ours: str, others: Iterable[str]) -> list[str]:
