@@ -333,6 +333,22 @@ def test_semantic_gap_hand_computed():
     assert S.semantic_gap(sim, [7, 7, 3, 3, 3]) == pytest.approx(0.65)
 
 
+def test_a_gap_that_is_zero_in_exact_arithmetic_prints_the_same_in_any_summation_order():
+    # Equiangular float32 anchors (AlignFed's): the gap is 0 up to summation noise, which
+    # changes with the order of the classes (as with a CPU's summation order); at 10
+    # significant digits the unrounded gaps differ (3.943706993e-11 vs 3.943706646e-11).
+    classes = 100
+    rng = np.random.default_rng(0)
+    basis, _ = np.linalg.qr(rng.standard_normal((256, classes)))
+    anchors = (basis @ (np.eye(classes) - 1.0 / classes)).T.astype(np.float32)
+    groups = [i % 20 for i in range(classes)]
+    order = rng.permutation(classes)
+    gap = S.semantic_gap(S.prototype_similarity(anchors), groups)
+    shuffled = S.semantic_gap(S.prototype_similarity(anchors[order]), [groups[i] for i in order])
+    assert abs(gap) < 1e-9
+    assert f"{gap:.10g}" == f"{shuffled:.10g}"
+
+
 def test_semantic_gap_errors():
     sim = _random_similarity(4)
     with pytest.raises(ValueError, match="at least 2 groups"):
