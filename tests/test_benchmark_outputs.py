@@ -26,6 +26,8 @@ EXPECTED_BLOCKS = {
     "plan_costs",
     "reproduce_cpu_same_runs",
     "cli_latency",
+    "cpu_wall",
+    "evidence_wall",
 }
 
 
@@ -52,11 +54,17 @@ def test_benchmark_outputs_name_command_code_and_machine(name):
 def test_the_readme_headline_is_the_committed_claims_and_table_1():
     text = (REPO / "README.md").read_text()
     found = readme.blocks(text, "results")
-    assert {"cpu/claims_summary", "cpu/tables/table1_accuracy"} <= set(found)
+    # The verdicts the README leads with are the pre-registered evidence's.
+    assert {
+        "evidence/claims_bottom_line",
+        "evidence/claims_summary",
+        "evidence/tables/table1_accuracy",
+    } <= set(found)
     for name, body in found.items():
         assert body == (REPO / "results" / f"{name}.md").read_text(), f"README block {name}"
-    assert "| Local |" in found["cpu/tables/table1_accuracy"]
-    assert found["cpu/claims_summary"].count("\n| ") >= 19  # one row per registered claim
+    assert "| Local |" in found["evidence/tables/table1_accuracy"]
+    assert found["evidence/claims_summary"].count("\n| ") >= 19  # one row per registered claim
+    assert found["evidence/claims_bottom_line"].startswith("At the `evidence` profile's scale")
 
 
 def test_sync_rewrites_a_stale_block_and_refuses_a_missing_file(tmp_path):
