@@ -177,20 +177,37 @@ def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data
         C.compare("F4", "cifar10, Dir(0.1)", "a - c", *down),
         C.compare("F6", "htfe2-cpu, cifar10", "a - b", *up),
         C.compare("F6", "htfe3-cpu, cifar10", "a - b", {0: 60.0, 1: 50.0, 2: 70.0}, up[1]),
+        # Significantly negative, its whole interval inside the 0.05 margin: small.
+        C.compare(
+            "F2", "c", "x - u", {0: 0.1, 1: 0.2, 2: 0.3}, {0: 0.103, 1: 0.204, 2: 0.302}, unit=""
+        ),  # fmt: skip
+        # A measured no difference (+0.00 [-0.12, +0.12], margin 1).
+        C.compare("F11", "s", "t - u", {0: 1.0, 1: 1.1, 2: 0.9}, {0: 1.0, 1: 1.05, 2: 0.95}),
     ]
     C.findings_frame(C.judge(findings)).to_csv(tmp_path / "claims" / "03.csv", index=False)
     C.write_report(tmp_path, "cpu")
     lines = (tmp_path / "claims_bottom_line.md").read_text().split("\n\n")
     assert lines[0].startswith("At the `cpu` profile's scale (20 rounds x 1 local epoch")
     assert "FMCL's claims: 20 rounds x 1 local epoch, 12 clients, fedavgcnn_s" in lines[0]
-    assert f"of {len(C.CLAIMS)} claims: 1 holds, 1 contradicted, 1 not separated, " in lines[0]
+    assert (
+        f"of {len(C.CLAIMS)} claims: 1 holds, 2 contradicted, 1 equivalent, 1 not separated, "
+        in lines[0]
+    )
     held = next(line for line in lines if line.startswith("**Hold:**"))
     assert (
         "F3 (FedTSP is more accurate than" in held
-        and "a - b +3.27 [+2.64, +3.89] points (n = 3)" in held
+        and "a - b +3.27 [+2.64, +3.89] points (n = 3)." in held  # wider than the margin
     )
     against = next(line for line in lines if line.startswith("**Contradicted:**"))
     assert "F4 (" in against and "-3.27 [" in against
+    assert "c: x - u -0.003 [-0.005, -0.001] (n = 3), the whole interval inside the ± 0.05 margin" in against  # fmt: skip
+    assert any(
+        line.startswith(
+            "**Equivalent (a measured no difference, inside ± the margin: the advantage the "
+            "paper claims is not there at this scale):** F11 ("
+        )
+        for line in lines
+    )
     # A claim not separated overall says which of its parts went which way.
     # A claim not separated overall quotes the parts decided either way, and counts the rest.
     assert (

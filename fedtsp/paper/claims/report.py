@@ -99,7 +99,11 @@ def summary_table(frame: pd.DataFrame) -> pd.DataFrame:
 _SAID = (
     (HOLDS, "Hold"),
     (CONTRADICTED, "Contradicted"),
-    (EQUIVALENT, "Equivalent (a measured no difference, inside ± the margin)"),
+    (
+        EQUIVALENT,
+        "Equivalent (a measured no difference, inside ± the margin: the advantage the paper "
+        "claims is not there at this scale)",
+    ),
     (NOT_SEPARATED, "Not separated (after Holm within the claim, the seeds decide neither way)"),
     (NOT_TESTABLE, "Not testable here"),
 )
@@ -146,8 +150,12 @@ def bottom_line(frame: pd.DataFrame, summary: pd.DataFrame, setting: str) -> lis
 
 
 def _quote(row: Any) -> str:
-    """A part as the bottom line quotes it: scope, comparison, effect and paired seeds."""
-    return f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)})"
+    """A part as the bottom line quotes it: scope, comparison, effect and paired seeds; a
+    decided difference whose whole interval lies inside the margin says so (it is small)."""
+    text = f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)})"
+    if row.verdict in (HOLDS, CONTRADICTED) and -row.margin < row.ci_low < row.ci_high < row.margin:
+        text += f", the whole interval inside the ± {row.margin:g} margin"
+    return text
 
 
 def profile_setting(profile: str) -> str:
@@ -191,7 +199,7 @@ def reading(findings: Sequence[Finding]) -> str:
 _MEANS = {
     HOLDS: "the data support the paper here",
     CONTRADICTED: "the data go against the paper here",
-    EQUIVALENT: "a measured no difference",
+    EQUIVALENT: "a measured no difference: the advantage the paper claims is not there here",
     NOT_SEPARATED: "these seeds, Holm-corrected within the claim, decide it neither way",
     NOT_TESTABLE: "this setting cannot test it",
 }
