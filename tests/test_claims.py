@@ -174,6 +174,7 @@ def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data
     down = up[1], up[0]
     findings = [
         C.compare("F3", "cifar10, Dir(0.1)", "a - b", *up),
+        C.compare("F3", "cifar100, Dir(0.1)", "a - b", *up, converged=False, rounds=50),
         C.compare("F4", "cifar10, Dir(0.1)", "a - c", *down),
         C.compare("F6", "htfe2-cpu, cifar10", "a - b", *up),
         C.compare("F6", "htfe3-cpu, cifar10", "a - b", {0: 60.0, 1: 50.0, 2: 70.0}, up[1]),
@@ -196,8 +197,9 @@ def test_the_bottom_line_says_each_verdict_with_its_deciding_parts_from_the_data
     held = next(line for line in lines if line.startswith("**Hold:**"))
     assert (
         "F3 (FedTSP is more accurate than" in held
-        and "a - b +3.27 [+2.64, +3.89] points (n = 3)." in held  # wider than the margin
-    )
+        and "a - b +3.27 [+2.64, +3.89] points (n = 3);" in held  # wider than the margin
+        and "cifar100, Dir(0.1): a - b +3.27 [+2.64, +3.89] points (n = 3; not converged at 50 rounds)." in held
+    )  # fmt: skip
     against = next(line for line in lines if line.startswith("**Contradicted:**"))
     assert "F4 (" in against and "-3.27 [" in against
     assert "c: x - u -0.003 [-0.005, -0.001] (n = 3), the whole interval inside the ± 0.05 margin" in against  # fmt: skip

@@ -150,9 +150,11 @@ def bottom_line(frame: pd.DataFrame, summary: pd.DataFrame, setting: str) -> lis
 
 
 def _quote(row: Any) -> str:
-    """A part as the bottom line quotes it: scope, comparison, effect and paired seeds; a
-    decided difference whose whole interval lies inside the margin says so (it is small)."""
-    text = f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)})"
+    """A part as the bottom line quotes it: scope, comparison, effect, paired seeds and its
+    caveat (runs short of their plateau, say); a decided difference whose whole interval
+    lies inside the margin says so (it is small)."""
+    caveat = f"; {row.reason}" if isinstance(row.reason, str) and row.reason else ""
+    text = f"{row.scope}: {row.comparison} {effect_text(row)} (n = {int(row.n)}{caveat})"
     if row.verdict in (HOLDS, CONTRADICTED) and -row.margin < row.ci_low < row.ci_high < row.margin:
         text += f", the whole interval inside the ± {row.margin:g} margin"
     return text
