@@ -132,9 +132,13 @@ def test_fmcl_findings_name_baselines_that_found_fmcls_clusters():
             ("fedavg", seed, [0, 0, 0, 0], 0.40 + 0.02 * seed, 0.0),
         ]
     bench = pd.DataFrame(rows, columns=["method", "seed", "assignment", "best_acc", "ari"])
-    bench = bench.assign(population="label-groups", key="k")
+    bench = bench.assign(population="label-groups", key="k", rounds=20, converged=True)
+    bench.loc[(bench["method"] == "fedavg") & (bench["seed"] == 1), "converged"] = False
     found = {f.claim: f for f in C.fmcl(bench)}
     assert "same clusters as FMCL on every seed: ifca" in found["M1"].reason
+    # FedAvg short of its plateau on one seed: the accuracy part says so, the ARI parts not.
+    assert found["M3"].reason == "not converged at 20 rounds"
+    assert "not converged" not in found["M1"].reason + found["M2"].reason
     assert found["M1"].effect.mean == pytest.approx(2.0)  # points, fmcl - ifca
     # identical clusterings on every seed: a difference of exactly 0, a well-measured tie
     assert found["M2"].effect.mean == 0 and found["M2"].verdict == C.EQUIVALENT

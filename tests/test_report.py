@@ -43,6 +43,7 @@ def _fmcl_record(method: str, seed: int, best: float, found: list[int]) -> dict:
             "algo_options": options,
             "seed": seed,
             "num_clients": 4,
+            "rounds": 2,
         },
         "partition": {"groups": [0, 0, 1, 1]},
         "server": {"assignment": found},
@@ -55,7 +56,7 @@ def _fmcl_record(method: str, seed: int, best: float, found: list[int]) -> dict:
             },
             {"client_acc": [best] * 4, "timings": timings},
         ],
-        "summary": {"best_acc": best, "final_acc": best},
+        "summary": {"best_acc": best, "final_acc": best, "converged": False},
         "timings": {"rounds_wall": 1.0},
     }
 

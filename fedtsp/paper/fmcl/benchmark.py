@@ -163,6 +163,9 @@ def benchmark_row(record: dict[str, Any]) -> dict[str, Any]:
         "nmi": float(normalized_mutual_info_score(truth, found)),
         "best_acc": s["best_acc"],
         "final_acc": s["final_acc"],
+        # whether the accuracy had reached its plateau (the claims say so where it had not)
+        "converged": s["converged"],
+        "rounds": config["rounds"],
         "final_mean_client_acc": float(np.mean(history[-1]["client_acc"])),
         "bytes_per_client": setup.get("bytes_up_per_client", 0.0)
         + setup.get("bytes_down", 0.0)
