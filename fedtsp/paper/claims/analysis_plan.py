@@ -143,7 +143,12 @@ class AnalysisPlan:
         claims = set(claims)
         for part in self.parts:
             if part.claim in claims and part not in seen:
-                why = "planned, but no runs of it here" if part.status == PLANNED else None
+                why = (
+                    "planned, but no runs of it here"
+                    if part.status == PLANNED
+                    else _unplanned(part)
+                )
+                kind = "within" if part.kind == "equivalent" else part.kind
                 out.append(
                     Finding(
                         part.claim,
@@ -151,11 +156,11 @@ class AnalysisPlan:
                         part.comparison,
                         _EMPTY,
                         NOT_TESTABLE,
-                        why or _unplanned(part),
+                        why,
                         unit=part.unit,
                         margin=part.margin,
-                        kind="within" if part.kind == "equivalent" else part.kind,
-                    )  # fmt: skip
+                        kind=kind,
+                    )
                 )
         return out
 
