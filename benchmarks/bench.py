@@ -6,6 +6,7 @@
     python benchmarks/bench.py --part server
     python benchmarks/bench.py --part engines --data ../shared/data/cifar10-jpg.tar.gz
     python benchmarks/bench.py --part workers
+    python benchmarks/bench.py --part isa --data ../shared/data/cifar10-jpg.tar.gz
 
 Part "models": training images/s of every architecture of the chosen families (batch 100,
 32x32, forward + backward + SGD step, fp32, the machine's default thread count), with
@@ -25,6 +26,10 @@ Part "workers": NumPy work inside the batch runner's worker processes, two side 
 `fedtsp reproduce` runs them: AlignFed's anchor construction for 100 classes (its set-up on
 CIFAR-100), with the workers' threads limited for torch only (as before 5db2408) and for
 every thread pool (``core.threads.single_thread_worker``).
+Part "isa": what verifiability costs: training images/s of each htfe-cpu architecture and
+one evidence round (CIFAR-10 Dir(0.1), 20 clients on a fifth of the images, htfe-cpu,
+FedTSP, 5 local epochs), one thread, with the machine's own kernels and with the AVX2 pins
+(fedtsp.core.isa), each in a fresh process started with its setting, side by side in one run.
 
 Each part writes ``bench_<part>.json`` (figures, setting, command, code version, machine
 facts) and ``bench_<part>.md`` (the table the README shows) to ``--out-dir``.
@@ -33,8 +38,12 @@ facts) and ``bench_<part>.md`` (the table the README shows) to ``--out-dir``.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -44,6 +53,7 @@ from typing import Any
 import torch
 from facts import machine_facts, write_result
 
+from fedtsp.core import isa
 from fedtsp.core.config import RunConfig
 from fedtsp.core.results import code_version
 from fedtsp.data import LAYOUTS, device_images
@@ -324,11 +334,61 @@ def bench_engines(
     return {"setting": setting, "runs": rows}, "\n".join(lines)
 
 
+ISA_FAMILY = "htfe-cpu"
+
+
+def isa_level_speeds(data: str | None, batch: int, seconds: float) -> dict[str, Any]:
+    """This process's kernels, the htfe-cpu models' training images/s and one evidence
+    round's seconds, at one thread (the part "isa" runs it once per setting)."""
+    torch.set_num_threads(1)
+    models = {}
+    for arch in resolve_family(ISA_FAMILY):
+        probe = train_speed(arch, batch, 1, True, "cpu", warmup=1)
+        models[arch] = train_speed(arch, batch, max(3, int(seconds * probe / batch)), True, "cpu")
+    payload, _ = bench_round(data, ISA_FAMILY, 0.2, "fedtsp", 5)
+    aten = str(torch.backends.cpu.get_cpu_capability())
+    return {"aten": aten, "isa": isa.describe(), "models": models, "round_s": payload["wall"]}
+
+
+def bench_isa(data: str | None, batch: int, seconds: float) -> tuple[dict[str, Any], str]:
+    """Native against pinned kernels, each measured in a process started with its setting
+    (the kernels are chosen when torch loads, so one process cannot measure both)."""
+    levels = {}
+    for level in ("native", "avx2"):
+        env = {k: v for k, v in os.environ.items() if k not in isa.KERNEL_PINS}
+        env.pop("NPY_DISABLE_CPU_FEATURES", None)
+        env[isa.CHOICE] = level
+        if level == "avx2":  # set before this script imports torch (it does, before fedtsp)
+            env |= isa.KERNEL_PINS | {k: env.get(k) or v for k, v in isa.NUMPY_PINS.items()}
+        argv = [sys.executable, __file__, "--part", "isa-level", "--batch", str(batch)]
+        argv += ["--seconds", str(seconds)] + (["--data", data] if data else [])
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+        levels[level] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{level}: {levels[level]['aten']} kernels, {levels[level]}", flush=True)
+    native, pinned = levels["native"], levels["avx2"]
+    lines = [
+        f"Training images/s (batch {batch}, 32x32, fp32, channels-last, 1 thread) and one "
+        "evidence round (CIFAR-10 Dir(0.1), 20 clients on a fifth of the images, htfe-cpu, "
+        "FedTSP, 5 local epochs), the machine's own kernels "
+        f"({native['aten']}) against the AVX2 pins ({pinned['aten']}), each in its own process",
+        "",
+        "| what | native | pinned (AVX2) | pinned / native |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for arch, speed in native["models"].items():
+        other = pinned["models"][arch]
+        lines.append(f"| {arch} (images/s) | {speed:,.0f} | {other:,.0f} | {other / speed:.2f} |")
+    n, p = native["round_s"], pinned["round_s"]
+    lines.append(f"| evidence round (s) | {n:.2f} | {p:.2f} | {p / n:.2f} |")
+    setting = {"family": ISA_FAMILY, "batch": batch, "threads": 1, "round": "fedtsp, 5 epochs"}
+    return {"setting": setting, "levels": levels}, "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--part",
-        choices=["models", "round", "server", "engines", "workers", "all"],
+        choices=["models", "round", "server", "engines", "workers", "isa", "isa-level", "all"],
         default="all",
     )
     parser.add_argument("--families", nargs="+", default=["htfe-cpu", "htfe2", "htfe9"])
@@ -369,7 +429,11 @@ def main() -> None:
             args.data, args.family, args.engine_algorithms, args.engine_clients, args.engine_rounds
         ),
         "workers": lambda: bench_workers(args.workers, args.anchor_steps),
+        "isa": lambda: bench_isa(args.data, args.batch, args.seconds),
     }
+    if args.part == "isa-level":  # one side of part "isa", in the process it started
+        print(json.dumps(isa_level_speeds(args.data, args.batch, args.seconds)))
+        return
     chosen = ["models", "round", "server"] if args.part == "all" else [args.part]
     code = code_version()  # what is measured: the code as it is now
     for part in chosen:

@@ -26,6 +26,9 @@ from fedtsp.core.config import (
 )
 from fedtsp.core.environment import debug_requested
 from fedtsp.core.errors import RunFailedError, UserError, one_line
+from fedtsp.core.isa import LEVELS as ISA_LEVELS
+from fedtsp.core.isa import choose as choose_isa
+from fedtsp.core.isa import refuse_partial
 from fedtsp.core.options import check_given
 from fedtsp.core.paths import portable_path
 
@@ -133,6 +136,25 @@ def _layout(value: str) -> bool | None:
     return LAYOUTS[value]
 
 
+def _add_isa_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--isa",
+        choices=ISA_LEVELS,
+        help="CPU kernels: avx2 pins PyTorch, oneDNN, MKL and NumPy to AVX2, so the record "
+        "reruns bit for bit on any x86-64 machine (the default, unless the environment sets "
+        "all of ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_CBWR itself); native uses the "
+        "CPU's best (faster on AVX-512, checkable only on a like CPU)",
+    )
+
+
+def _choose_isa(args: argparse.Namespace) -> None:
+    """The kernels of this command's runs, before anything imports torch: --isa wins, then a
+    complete setting in the environment; a partial one is refused."""
+    if args.isa is not None:
+        choose_isa(args.isa)
+    refuse_partial()
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; `argv` (default: this process's arguments) only decides which method's
     options `fedtsp run --help` lists: those of its `--algorithm`, else none."""
@@ -154,6 +176,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_data_args(run, defaults)
+    _add_isa_arg(run)
     group = run.add_argument_group("training")
     group.add_argument(
         "--setting",
@@ -294,6 +317,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         help="smoke, cpu, evidence or paper (fedtsp/paper/profiles.toml)",
     )
     rep.add_argument("--only", nargs="+", metavar="NN", help="notebook prefixes, e.g. 02 03")
+    _add_isa_arg(rep)
     rep.add_argument("--workers", type=int, help="parallel runs (default: the profile's)")
     rep.add_argument(
         "--executor",
@@ -515,6 +539,7 @@ def _check_report(path: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    _choose_isa(args)
     _check_data_path(args.data)
     _check_folder("--out", args.out)
     _check_folder("--workdir", args.workdir)
@@ -625,6 +650,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     from fedtsp.paper.notebook import NOTEBOOKS_DIR, find_notebooks
 
     _check_profile(args.profile)
+    _choose_isa(args)
     find_notebooks(NOTEBOOKS_DIR, args.only)  # an --only that matches none: one line, at once
     if args.prune and args.only:
         raise UserError("--prune needs every notebook: the others' runs would look unused")

@@ -3,6 +3,11 @@ that drive a method's two halves through the engine and record what crossed it."
 
 from __future__ import annotations
 
+# First: `import fedtsp` pins the CPU kernels (fedtsp.core.isa) before torch and NumPy load,
+# so the tests run the kernels the records and the golden histories were made with.
+import fedtsp  # noqa: F401
+
+# isort: split
 import hashlib
 import importlib.util
 import io

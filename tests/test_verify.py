@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from fedtsp.cli import main
 from fedtsp.core.config import ConfigError
@@ -36,14 +37,19 @@ def smoke_store(tmp_path_factory):
 
 def test_a_table_cell_reruns_to_an_identical_history(smoke_store, capsys):
     root, keys = smoke_store
-    status = main(["verify", "--profile", "smoke", "table1", "FedProto", "cifar10",
-                   "--results", str(root), "--report", str(root / "verify.md")])  # fmt: skip
+    assert RunStore(root / "smoke" / "runs").load(keys[0])["environment"]["threads"] == 1
+    torch.set_num_threads(2)  # this process's count must not leak into the one-thread rerun
+    try:
+        status = main(["verify", "--profile", "smoke", "table1", "FedProto", "cifar10",
+                       "--results", str(root), "--report", str(root / "verify.md")])  # fmt: skip
+    finally:
+        torch.set_num_threads(1)
     out = capsys.readouterr().out
     assert status == 0, out
     assert f"{keys[0]} FedProto" in out and "identical history (3 evaluations)" in out
-    assert "same CPU class" in out  # made on this machine, today
+    assert "checkable on any x86-64 machine with AVX2; this machine can" in out  # pinned
     report = (root / "verify.md").read_text()
-    assert "1 of 1 reruns identical" in report
+    assert "1 of 1 reruns identical to their records; 1 of them checkable on any x86-64" in report
     assert f"Today's code: {short_commit(code_version())};" in report  # the code that reran
 
 

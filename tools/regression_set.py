@@ -3,18 +3,27 @@
     python tools/regression_set.py record [--out tools/regression_set.json]
     python tools/regression_set.py check  [--out tools/regression_set.json] [--only NAME ...]
 
-``record`` runs every registered algorithm in each setting it is defined for, on real
+``record`` runs, with the CPU kernels pinned to AVX2 (fedtsp.core.isa), every registered algorithm in each setting it is defined for, on real
 CIFAR-10 at a tiny scale (4 clients, 2 % of the images, 2 rounds, seeds 0 and 1), a few of
 them a second time interrupted after round 1 and resumed, and every FMCL benchmark method on
 a small CIFAR-100 label-groups population; it writes each run's history and summary (and a
 clustered method's clusters), without the timings. ``check``
 reruns the same list and names every run whose history differs in any value. Exact equality
-holds on one machine with one thread; a change that alters results on purpose says which
-runs and why, then records the set again.
+holds with one thread and the same kernels and library versions, on any x86-64 machine with
+AVX2 when both sides are pinned; a change that alters results on purpose says which runs and
+why, then records the set again.
+
+The runs named by ``GOLDEN`` (one of each method kind) are the golden pinned histories: the
+test suite reruns them on whatever machine runs it, so every CI run on every developer
+machine checks that the pins give the recording machine's bits there too.
 """
 
 from __future__ import annotations
 
+# First: pins the CPU kernels (fedtsp.core.isa) before torch and NumPy load.
+import fedtsp  # noqa: F401
+
+# isort: split
 import argparse
 import json
 import sys
@@ -25,6 +34,7 @@ from typing import Any
 import torch
 
 from fedtsp.algorithms import ALGORITHMS
+from fedtsp.core import isa
 from fedtsp.core.config import RunConfig
 from fedtsp.core.machine import cpu_class, same_class
 from fedtsp.core.paths import REPO_ROOT
@@ -36,6 +46,15 @@ from fedtsp.paper.fmcl.benchmark import benchmark_config
 
 DEFAULT_OUT = REPO_ROOT / "tools" / "regression_set.json"
 SEEDS = (0, 1)
+# FedTSP-MiniLM with trainable prompts (and its resume), a prototype baseline, AlignFed's
+# anchors (NumPy QR), and the FMCL benchmark's FMCL and PACFL (embeddings, SVD, clustering).
+GOLDEN = (
+    "fedtsp/htfl/seed0",
+    "fedtgp/htfl/seed0",
+    "alignfed/htfl/seed0",
+    "fmcl:fmcl/seed0",
+    "fmcl:pacfl/seed0",
+)
 RESUMED = ("fedproto", "fedtsp", "fml", "fedgen", "fedkd")  # server state of each kind
 FAMILIES = {"htfl": "htfe-cpu", "gfl": "homo-cpu", "pfl": "homo-cpu"}
 # Values that measure time, not the computation.
@@ -166,8 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         if args.only:
             parser.error("record writes the whole set; --only is for check")
+        if not isa.state().pinned:
+            parser.error(f"record the set with the AVX2 pins, not {isa.tag()}")
         runs = regression_set()
-        payload = {"code_version": code_version(), "cpu": cpu_class(), "runs": runs}
+        payload = {
+            "code_version": code_version(),
+            "cpu": cpu_class(),
+            "isa": isa.describe(),
+            "versions": isa.versions(),
+            "runs": runs,
+        }
         out.write_text(json.dumps(payload, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(runs)} runs")
         return 0
@@ -177,12 +204,24 @@ def main(argv: list[str] | None = None) -> int:
     expected = recorded["runs"]
     found = differences(expected, regression_set(args.only), partial=bool(args.only))
     print("\n".join(found) if found else "every run is identical to the recorded set")
-    if found and same_class(recorded.get("cpu"), cpu_class()) is not True:  # why all may differ
-        print(
-            "note: the set was recorded on another CPU class (or names none): every history "
-            "may differ in its last bits; record a baseline here at the earlier commit first"
-        )
+    if found:
+        print("\n".join(f"note: {why}" for why in unlike(recorded)))
     return 1 if found else 0
+
+
+def unlike(recorded: dict[str, Any]) -> list[str]:
+    """What differs between the recording process and this one that can change every bit."""
+    notes = []
+    kernels = (recorded.get("isa") or {}).get("tag")
+    if kernels != isa.tag() and same_class(recorded.get("cpu"), cpu_class()) is not True:
+        notes.append(
+            f"the set was recorded with the kernels {kernels or 'of its CPU (unpinned)'} on "
+            f"{isa.cpu_words(recorded.get('cpu') or {})}, this process runs {isa.tag()}"
+        )
+    versions = recorded.get("versions")
+    if versions and versions != isa.versions():
+        notes.append(f"the set was recorded with {versions}, this process has {isa.versions()}")
+    return notes
 
 
 if __name__ == "__main__":

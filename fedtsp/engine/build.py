@@ -19,6 +19,7 @@ import torch
 from fedtsp.algorithms import RunContext, get_algorithm, resolve_options
 from fedtsp.algorithms.base import ClientHalf, ServerHalf
 from fedtsp.algorithms.clients import Client
+from fedtsp.core import isa
 from fedtsp.core.config import RunConfig
 from fedtsp.core.paths import portable_path
 from fedtsp.core.seeding import rng_state, seed_everything
@@ -194,10 +195,11 @@ def autocast_factory(config: RunConfig) -> Any:
     if config.precision == "fp32":
         return contextlib.nullcontext
     device_type = torch.device(config.device).type
-    if device_type == "cpu" and not cpu_has_native_bf16():
+    if device_type == "cpu" and (isa.state().pinned or not cpu_has_native_bf16()):
         warnings.warn(
-            "precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX): autocast is "
-            "emulated here and several times slower than fp32",
+            "precision=bf16 on a CPU without native bf16 (AVX512-BF16 or AMX), or with the "
+            "kernels pinned to AVX2: autocast is emulated here and several times slower than "
+            "fp32 (FEDTSP_ISA=native uses the CPU's own bf16)",
             stacklevel=2,
         )
     return functools.partial(torch.autocast, device_type=device_type, dtype=torch.bfloat16)

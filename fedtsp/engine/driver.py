@@ -29,6 +29,7 @@ import torch
 
 from fedtsp.algorithms.base import Message, ServerHalf
 from fedtsp.algorithms.clients import ClientFacts
+from fedtsp.core import isa
 from fedtsp.core.config import RunConfig
 from fedtsp.core.results import RunStore, RunStoreError
 from fedtsp.core.seeding import set_rng_state
@@ -180,6 +181,13 @@ def drive(
                 f"checkpoint {path} was written by an older fedtsp; rerun with --force "
                 "(force=True) to restart the run"
             )
+        if saved.get("isa") != isa.tag():  # the rounds after it would use other kernels
+            raise RunStoreError(
+                f"checkpoint {path} was written with the CPU kernels "
+                f"{saved.get('isa') or 'of an older fedtsp (not recorded)'}, this process "
+                f"runs {isa.tag()}; resume it with the same {isa.CHOICE} on a like machine, "
+                "or rerun with --force to restart it"
+            )
         replies = {
             i: SetupReply(ClientFacts.from_json(facts), upload)
             for i, (facts, upload) in saved["setup"].items()
@@ -204,6 +212,7 @@ def drive(
                 run.key,
                 {
                     "round": t,
+                    "isa": isa.tag(),  # a resume must run the same kernels
                     # The set-up's inputs: a resumed server sets up again from them, then loads.
                     "setup": {i: (r.facts.to_json(), r.upload) for i, r in replies.items()},
                     "server": run.server.state_dict(),

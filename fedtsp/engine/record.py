@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedtsp.core import isa
 from fedtsp.core.config import RunConfig
 from fedtsp.core.machine import cpu_class
 from fedtsp.core.results import RECORD_VERSION, code_version, summarize_history
@@ -90,8 +91,10 @@ def federated_record(
             "torch": torch.__version__,
             "device": str(config.device),
             "threads": torch.get_num_threads(),
+            "isa": isa.describe(device.type),
+            "versions": isa.versions(),
+            "cpu": cpu_class(),
         }
-        | ({"cpu": cpu_class()} if device.type == "cpu" else {})
         | (environment or {}),
         "dataset": {k: dataset[k] for k in ("name", "source", "checksum", "classes")},
         "partition": partition,

@@ -24,9 +24,10 @@ from typing import Any, Protocol
 import torch
 from tqdm.auto import tqdm
 
+from fedtsp.core import isa
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.errors import one_line
-from fedtsp.core.threads import single_thread_worker
+from fedtsp.core.threads import worker_threads
 
 
 def describe_run(config: RunConfig) -> str:
@@ -152,17 +153,30 @@ def _run_in_worker(config: RunConfig, data: str | None, per_class: int, store: s
 class LocalExecutor:
     """This machine: ``workers`` processes with one intra-op thread each (on a small CPU,
     two single-threaded runs side by side do more than one run with two threads); one run
-    at a time in this process when ``workers`` is 1."""
+    at a time in this process when ``workers`` is 1.
+
+    ``threads`` and ``environment`` rerun runs as they were made (`fedtsp verify`): every run
+    then goes to a fresh process with that many threads, started with those environment
+    variables (None: unset), such as the CPU kernel pins, which act only before torch loads.
+    """
 
     workers: int = 1
+    threads: int | None = None
+    environment: dict[str, str | None] | None = None
     runs_here = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
-            raise ConfigError(f"workers={self.workers!r} is invalid; must be >= 1")
+        for name in ("workers", "threads"):
+            value = getattr(self, name)
+            if name == "threads" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}={value!r} is invalid; must be >= 1")
 
     @property
     def threads_per_run(self) -> int:
+        if self.threads is not None:
+            return self.threads
         return 1 if self.workers > 1 else torch.get_num_threads()
 
     @property
@@ -173,7 +187,7 @@ class LocalExecutor:
         self, todo: dict[str, RunConfig], source: Any, store: Path, progress: BatchProgress
     ) -> dict[str, str]:
         errors: dict[str, str] = {}
-        if self.workers == 1:
+        if self.workers == 1 and self.threads is None:
             for key, config in todo.items():
                 progress.started(key)
                 error = None
@@ -183,10 +197,24 @@ class LocalExecutor:
                     error = errors[key] = one_line(exc)
                 progress.finished(key, describe_run(config), error)
             return errors
+        threads = self.threads or 1
+        changes = {"OMP_NUM_THREADS": str(self.threads)} if self.threads else {}
+        with isa.environment(changes | (self.environment or {})):  # the workers start with it
+            return self._run_in_pool(todo, source, store, progress, threads)
+
+    def _run_in_pool(
+        self,
+        todo: dict[str, RunConfig],
+        source: Any,
+        store: Path,
+        progress: BatchProgress,
+        threads: int,
+    ) -> dict[str, str]:
+        errors: dict[str, str] = {}
         ctx = multiprocessing.get_context("spawn")
         queue = list(todo)  # the pool takes runs in submission order
         with ProcessPoolExecutor(
-            self.workers, mp_context=ctx, initializer=single_thread_worker
+            self.workers, mp_context=ctx, initializer=worker_threads, initargs=(threads,)
         ) as pool:
             futures = {
                 pool.submit(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fedtsp.core import isa
 from fedtsp.core.config import ConfigError
 from fedtsp.core.environment import debug_requested
 from fedtsp.core.errors import UserError, one_line
@@ -114,6 +115,13 @@ def open_notebook(
     short_errors()
     print(f"profile {profile}: {params['about'] or '(custom parameters)'}")
     print(f"data: {source.data or 'cache / torchvision download'}; run store: {params['store']}")
+    kernels = isa.state()
+    if not kernels.pinned:  # (pinned, the default, goes without saying)
+        why = f"{isa.CHOICE}={kernels.requested}"
+        if kernels.loaded_before:
+            why = f"{' and '.join(kernels.loaded_before)} imported before fedtsp; restart the "
+            why += "kernel and import fedtsp first to pin them"
+        print(f"CPU kernels not pinned ({why}): runs made here are checkable only on like CPUs")
     writer.unplanned = unplanned_groups(name, params, source)
     if writer.unplanned:
         print(

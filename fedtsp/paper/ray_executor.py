@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedtsp.core import isa
 from fedtsp.core.atomic import atomic_write_bytes
 from fedtsp.core.config import RunConfig
 from fedtsp.core.errors import UserError, one_line
@@ -157,6 +158,8 @@ class RayExecutor:
                 max_retries=self.retries,
                 retry_exceptions=True,
                 name=f"fedtsp-{key[:10]}",
+                # Ray starts its workers on every node with this process's CPU kernels.
+                runtime_env={"env_vars": isa.inherited()},
             ).remote(
                 config,
                 key,

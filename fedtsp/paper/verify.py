@@ -7,9 +7,11 @@ random sample of the profile's store (`--sample N`). Each is rerun from its reco
 into a temporary store (the committed store is only read) and reported as identical, or
 with the largest difference per metric and the first round where the histories part.
 
-Bit-identical histories are expected on the CPU class the record was made on (PyTorch and
-oneDNN choose kernels by instruction set); each line says whether this machine's class is
-the record's, another, or unknown (records made before the class was recorded).
+Each record is rerun as it was made: in a fresh process with the record's thread count and
+CPU kernels (fedtsp.core.isa): AVX2-pinned records, and records made unpinned at the AVX2
+level, with the AVX2 pins, so any x86-64 machine with AVX2 can check them; other unpinned
+records with this machine's own kernels, which match only on the record's CPU class (vendor
+included). Each line says which machines can check the record and whether this one can.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from fedtsp.core import isa
 from fedtsp.core.config import ConfigError, RunConfig
 from fedtsp.core.machine import cpu_class, same_class
 from fedtsp.core.results import RunStore, short_commit
 from fedtsp.engine.simulation import run_key
+from fedtsp.paper.executors import LocalExecutor
 from fedtsp.paper.experiments import DataSource, RunsFailed, RunSpec, run_all
 from fedtsp.paper.notebook_runs import notebook_plan
 from fedtsp.paper.profiles import Profile, load_profile, notebook_parameters
@@ -68,7 +72,8 @@ class Check:
     label: str
     rounds: int
     code: str
-    cpu: bool | None  # same CPU class as the record's; None: the record names none
+    cpu: bool | None  # whether this machine can match it bit for bit; None: not known
+    checkable: str = ""  # which machines can: "any x86-64 machine with AVX2" or "only on ..."
     new_key: str = ""
     differences: dict[str, float] = field(default_factory=dict)  # metric -> largest |diff|
     first_round: int | None = None
@@ -89,8 +94,12 @@ class Check:
         return text + f"differs from round {self.first_round}; largest differences: {worst}"
 
     def line(self) -> str:
-        cpu = {True: "same CPU class", False: "another CPU class", None: "CPU not recorded"}
-        return f"{self.key} {self.label} (code {self.code}, {cpu[self.cpu]}): {self.result()}"
+        return f"{self.key} {self.label} (code {self.code}; {self.where()}): {self.result()}"
+
+    def where(self) -> str:
+        """Which machines can check the record, and whether this one can."""
+        here = {True: "this machine can", False: "this machine cannot", None: "unknown here"}
+        return f"checkable {self.checkable}; {here[self.cpu]}"
 
 
 def compare_histories(
@@ -202,30 +211,54 @@ def describe(record: dict[str, Any]) -> str:
     return f"{c['algorithm']} {where} seed {c['seed']}"
 
 
+def rerun_setting(record: dict[str, Any]) -> tuple[dict[str, str | None], int, str]:
+    """(the environment variables, the thread count, where the record can be checked): how
+    `verify` reruns ``record`` as it was made (fedtsp.core.isa.record_environment)."""
+    env = record.get("environment") or {}
+    variables, where = isa.record_environment(env)
+    return variables, int(env.get("threads") or 1), where
+
+
 def verify(
     chosen: list[tuple[dict[str, Any], str]], source: DataSource, workers: int = 1
 ) -> list[Check]:
-    """Rerun every chosen record's config from scratch and compare its history."""
+    """Rerun every chosen record's config from scratch, with the record's own CPU kernels
+    and thread count (each in a fresh process, whatever ``workers`` is), and compare its
+    history."""
     here = cpu_class()
     specs = [RunSpec(RunConfig.from_dict(record["config"])) for record, _ in chosen]
     keys = [run_key(spec.config, source.datasets(spec.config)) for spec in specs]
+    settings = [rerun_setting(record) for record, _ in chosen]
+    reruns: dict[int, dict[str, Any] | None] = {}
     failed = ""
     with tempfile.TemporaryDirectory(prefix="fedtsp-verify-") as tmp:
-        try:
-            reruns = run_all(specs, source, tmp, workers=workers, progress=True)
-        except RunsFailed as exc:  # the others finished: report each run for itself
-            failed = str(exc).splitlines()[0]
-            reruns = [RunStore(tmp).load(key) for key in keys]
+        groups: dict[tuple, list[int]] = {}
+        for i, (variables, threads, _) in enumerate(settings):
+            groups.setdefault((tuple(sorted(variables.items())), threads), []).append(i)
+        for (variables, threads), members in groups.items():
+            executor = LocalExecutor(workers, threads=threads, environment=dict(variables))
+            try:
+                run_all([specs[i] for i in members], source, tmp, executor=executor)
+            except RunsFailed as exc:  # the others finished: report each run for itself
+                failed = str(exc).splitlines()[0]
+            for i in members:
+                reruns[i] = RunStore(tmp).load(keys[i])
     checks = []
-    for (record, label), key, new in zip(chosen, keys, reruns, strict=True):
+    for i, ((record, label), key) in enumerate(zip(chosen, keys, strict=True)):
+        recorded_cpu = (record.get("environment") or {}).get("cpu")
+        where = settings[i][2]
         check = Check(
             key=record["key"],
             label=label,
             rounds=len(record["history"]),
             code=short_commit(record),
-            cpu=same_class((record.get("environment") or {}).get("cpu"), here),
+            cpu=("avx2" in here["flags"])
+            if where == isa.AVX2_MACHINES
+            else same_class(recorded_cpu, here),
+            checkable=where,
             new_key=key,
         )
+        new = reruns.get(i)
         if new is None:
             check.error = failed
         else:
@@ -268,16 +301,18 @@ def run_verify(
         sample=sample,
         sample_seed=sample_seed,
     )
-    print(f"verifying {len(chosen)} run(s) of {store.root} with today's code")
+    print(
+        f"verifying {len(chosen)} run(s) of {store.root} with today's code, each with its "
+        "record's CPU kernels and thread count"
+    )
     checks = verify(chosen, source, workers)
     lines = [c.line() for c in checks]
-    same = sum(c.identical for c in checks)
-    lines.append(f"{same} of {len(checks)} reruns identical to their records")
+    lines.append(tally(checks))
     print("\n".join(lines))
     if report is not None:
         asked = (profile.name, table, values, keys, sample, sample_seed)
         write_report(report, checks, *asked, code=code)
-    return 0 if same == len(checks) else 1
+    return 0 if all(c.identical for c in checks) else 1
 
 
 def write_report(
@@ -305,15 +340,29 @@ def write_report(
     lines = [
         f"# fedtsp verify {asked}",
         "",
-        f"Today's code: {short_commit(code)}; this machine's CPU class: "
-        f"{here['capability']} ({', '.join(here['flags'])}).",
+        f"Today's code: {short_commit(code)}; this machine: {isa.cpu_words(here)}. Each run "
+        "is rerun with its record's CPU kernels and thread count: AVX2-pinned records (and "
+        "those made at the AVX2 level) with the AVX2 pins, the others with this machine's own.",
         "",
-        "| run | what | recorded by | CPU class | result |",
-        "|---|---|---|---|---|",
+        "| run | what | recorded by | checkable | here | result |",
+        "|---|---|---|---|---|---|",
     ]
-    cpu = {True: "same", False: "other", None: "not recorded"}
+    can = {True: "yes", False: "no", None: "unknown"}
     for c in checks:
-        lines.append(f"| {c.key} | {c.label} | {c.code} | {cpu[c.cpu]} | {c.result()} |")
-    same = sum(c.identical for c in checks)
-    lines += ["", f"{same} of {len(checks)} reruns identical to their records.", ""]
+        lines.append(
+            f"| {c.key} | {c.label} | {c.code} | {c.checkable} | {can[c.cpu]} | {c.result()} |"
+        )
+    lines += ["", tally(checks) + ".", ""]
     atomic_write_text(Path(path), "\n".join(lines))
+
+
+def tally(checks: list[Check]) -> str:
+    """How many reruns matched, and how many records of each kind this machine can check."""
+    same = sum(c.identical for c in checks)
+    anywhere = sum(c.checkable == isa.AVX2_MACHINES for c in checks)
+    here = sum(c.cpu is True for c in checks)
+    return (
+        f"{same} of {len(checks)} reruns identical to their records; {anywhere} of them "
+        f"checkable {isa.AVX2_MACHINES}, {len(checks) - anywhere} only on their own CPU "
+        f"class; {here} checkable on this machine"
+    )
