@@ -127,3 +127,15 @@ def test_fedtsp_run_records_the_kernels_chosen(tmp_path, env, flags, requested, 
     recorded = json.loads(result.stdout.strip().splitlines()[-1])
     assert recorded["requested"] == requested and recorded["effective"]["aten"] == aten
     assert recorded["pinned"] is (requested == "avx2")
+
+
+def test_a_process_that_imported_torch_before_fedtsp_says_it_is_not_pinned():
+    # The kernels are chosen at torch's first use of them: compute before fedtsp is imported.
+    code = "import torch, json; (torch.ones(64) * 2).sum(); import fedtsp; from fedtsp.core "
+    code += "import isa; print(json.dumps(isa.describe()))"
+    result = _python(code, {})
+    assert result.returncode == 0, result.stderr[-2000:]
+    described = json.loads(result.stdout.strip().splitlines()[-1])
+    assert described["pinned"] is False and described["tag"].startswith("native ")
+    assert described["unpinned_because"].startswith("torch, numpy imported before fedtsp")
+    assert described["effective"]["aten"] == cpu_class()["capability"]  # the machine's own

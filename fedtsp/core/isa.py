@@ -4,8 +4,8 @@ bits do not depend on the machine that made it.
 PyTorch's vectorised kernels, oneDNN's convolutions and MKL's BLAS each choose their code
 path by the CPU's instruction set, and two paths sum in different orders: a run made on an
 AVX-512 machine differs in its last bits from round 0 when rerun on an AVX2 one, and the
-other way round. Each library reads its setting once, when it loads, so the pins are set
-here, by ``import fedtsp``, before anything imports torch or NumPy:
+other way round. Each library reads its setting once (when it loads or first computes), so
+the pins are set here, by ``import fedtsp``, before anything imports torch or NumPy:
 
 - ``ATEN_CPU_CAPABILITY=avx2`` (PyTorch's own kernels), ``ONEDNN_MAX_CPU_ISA=AVX2``
   (oneDNN), ``MKL_CBWR=AVX2`` (MKL's conditional numerical reproducibility): the kernel
@@ -62,8 +62,9 @@ class State:
 
     ``requested``: "avx2" (the default pins), "native", "user" (all three kernel pins set by
     the user) or "partial" (some of them: refused by the commands that train);
-    ``loaded_before``: torch / numpy modules already imported without the pins, which then
-    run at the machine's own level whatever the environment says now.
+    ``loaded_before``: torch / numpy modules already imported without the pins: each
+    library fixes its kernels when it first loads or first computes, so they may run at the
+    machine's own level whatever the environment says now (taken as not pinned).
     """
 
     requested: str
@@ -179,7 +180,10 @@ def describe(device: str = "cpu") -> dict[str, Any]:
     if device != "cpu":
         out["note"] = f"{device} kernels are not pinned: only the CPU side's are"
     if current.loaded_before:
-        out["unpinned_because"] = f"{', '.join(current.loaded_before)} imported before fedtsp"
+        out["unpinned_because"] = (
+            f"{', '.join(current.loaded_before)} imported before fedtsp (their kernels may "
+            "have been chosen before the pins were set)"
+        )
     return out
 
 
