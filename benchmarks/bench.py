@@ -350,27 +350,40 @@ def isa_level_speeds(data: str | None, batch: int, seconds: float) -> dict[str, 
     return {"aten": aten, "isa": isa.describe(), "models": models, "round_s": payload["wall"]}
 
 
-def bench_isa(data: str | None, batch: int, seconds: float) -> tuple[dict[str, Any], str]:
-    """Native against pinned kernels, each measured in a process started with its setting
-    (the kernels are chosen when torch loads, so one process cannot measure both)."""
-    levels = {}
-    for level in ("native", "avx2"):
-        env = {k: v for k, v in os.environ.items() if k not in isa.KERNEL_PINS}
-        env.pop("NPY_DISABLE_CPU_FEATURES", None)
-        env[isa.CHOICE] = level
-        if level == "avx2":  # set before this script imports torch (it does, before fedtsp)
-            env |= isa.KERNEL_PINS | {k: env.get(k) or v for k, v in isa.NUMPY_PINS.items()}
-        argv = [sys.executable, __file__, "--part", "isa-level", "--batch", str(batch)]
-        argv += ["--seconds", str(seconds)] + (["--data", data] if data else [])
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-        levels[level] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{level}: {levels[level]['aten']} kernels, {levels[level]}", flush=True)
+def _median_speeds(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each figure over repeated processes of one setting."""
+    models = {a: statistics.median(m["models"][a] for m in measured) for a in measured[0]["models"]}
+    round_s = statistics.median(m["round_s"] for m in measured)
+    return measured[0] | {"models": models, "round_s": round_s, "repeats": len(measured)}
+
+
+def bench_isa(
+    data: str | None, batch: int, seconds: float, repeats: int
+) -> tuple[dict[str, Any], str]:
+    """Native against pinned kernels, each measured in processes started with its setting
+    (the kernels are chosen when torch first computes, so one process cannot measure both);
+    the median of ``repeats`` processes per setting."""
+    runs: dict[str, list[dict[str, Any]]] = {"native": [], "avx2": []}
+    for _ in range(repeats):  # alternating, so a drift of the machine hits both alike
+        for level, measured in runs.items():
+            env = {k: v for k, v in os.environ.items() if k not in isa.KERNEL_PINS}
+            env.pop("NPY_DISABLE_CPU_FEATURES", None)
+            env[isa.CHOICE] = level
+            if level == "avx2":  # set before this script imports torch
+                env |= isa.KERNEL_PINS | {k: env.get(k) or v for k, v in isa.NUMPY_PINS.items()}
+            argv = [sys.executable, __file__, "--part", "isa-level", "--batch", str(batch)]
+            argv += ["--seconds", str(seconds)] + (["--data", data] if data else [])
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            measured.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"{level}: {measured[-1]['aten']} kernels, {measured[-1]}", flush=True)
+    levels = {level: _median_speeds(measured) for level, measured in runs.items()}
     native, pinned = levels["native"], levels["avx2"]
     lines = [
         f"Training images/s (batch {batch}, 32x32, fp32, channels-last, 1 thread) and one "
         "evidence round (CIFAR-10 Dir(0.1), 20 clients on a fifth of the images, htfe-cpu, "
         "FedTSP, 5 local epochs), the machine's own kernels "
-        f"({native['aten']}) against the AVX2 pins ({pinned['aten']}), each in its own process",
+        f"({native['aten']}) against the AVX2 pins ({pinned['aten']}); median of {repeats} "
+        "fresh processes per setting, run alternately",
         "",
         "| what | native | pinned (AVX2) | pinned / native |",
         "| --- | ---: | ---: | ---: |",
@@ -381,6 +394,7 @@ def bench_isa(data: str | None, batch: int, seconds: float) -> tuple[dict[str, A
     n, p = native["round_s"], pinned["round_s"]
     lines.append(f"| evidence round (s) | {n:.2f} | {p:.2f} | {p / n:.2f} |")
     setting = {"family": ISA_FAMILY, "batch": batch, "threads": 1, "round": "fedtsp, 5 epochs"}
+    setting["repeats"] = repeats
     return {"setting": setting, "levels": levels}, "\n".join(lines)
 
 
@@ -409,6 +423,7 @@ def main() -> None:
     parser.add_argument("--engine-clients", type=int, default=5)
     parser.add_argument("--engine-rounds", type=int, default=10)
     parser.add_argument("--workers", type=int, default=2, help="workers part: processes")
+    parser.add_argument("--repeats", type=int, default=3, help="isa part: processes per setting")
     parser.add_argument("--anchor-steps", type=int, default=5000, help="workers part: timed")
     parser.add_argument(
         "--out-dir",
@@ -429,7 +444,7 @@ def main() -> None:
             args.data, args.family, args.engine_algorithms, args.engine_clients, args.engine_rounds
         ),
         "workers": lambda: bench_workers(args.workers, args.anchor_steps),
-        "isa": lambda: bench_isa(args.data, args.batch, args.seconds),
+        "isa": lambda: bench_isa(args.data, args.batch, args.seconds, args.repeats),
     }
     if args.part == "isa-level":  # one side of part "isa", in the process it started
         print(json.dumps(isa_level_speeds(args.data, args.batch, args.seconds)))

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from fedtsp.core.machine import cpu_class
 from fedtsp.core.paths import portable_path
 from fedtsp.core.results import code_version
 from fedtsp.engine.build import cpu_has_native_bf16
@@ -32,7 +33,8 @@ def machine_facts(device: str = "cpu") -> dict[str, Any]:
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_capability": cpu_class()["capability"],  # the hardware's level
+        "kernels": torch.backends.cpu.get_cpu_capability(),  # what PyTorch runs (pinned: AVX2)
         "native_bf16": cpu_has_native_bf16(),
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -47,6 +49,14 @@ def command_line() -> str:
     """This process's command, with paths inside the repository made relative."""
     words = [portable_path(w) if os.sep in w else w for w in sys.argv]
     return "python " + " ".join(words)
+
+
+def _level(facts: dict[str, Any]) -> str:
+    """The CPU's level, and the kernels' where they are pinned below it."""
+    kernels = facts.get("kernels", facts["cpu_capability"])
+    if kernels == facts["cpu_capability"]:
+        return str(kernels)
+    return f"{facts['cpu_capability']}, kernels pinned to {kernels}"
 
 
 def write_result(
@@ -64,7 +74,7 @@ def write_result(
     commit = (code["git_commit"] or "unknown")[:7] + (" (uncommitted)" if code["git_dirty"] else "")
     head = (
         f"Measured at code {commit} on {facts['cpu']} ({facts['cores']} cores, "
-        f"{facts['threads']} threads, {facts['cpu_capability']}), torch {facts['torch']}, "
+        f"{facts['threads']} threads, {_level(facts)}), torch {facts['torch']}, "
         f"device {facts['device']}: `{payload['command']}`"
     )
     path.with_suffix(".md").write_text(head + "\n\n" + markdown.rstrip() + "\n")
