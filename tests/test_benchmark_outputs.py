@@ -19,6 +19,8 @@ EXPECTED_BLOCKS = {
     "bench_round",
     "bench_server",
     "bench_workers",
+    "bench_isa",
+    "kernel_pins",
     "reproduce_times",
     "fast_path_accuracy",
     "fast_path_accuracy_fixed_partition",
