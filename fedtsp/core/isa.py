@@ -249,7 +249,8 @@ def record_environment(record_env: Mapping[str, Any]) -> tuple[dict[str, str | N
     cpu = record_env.get("cpu") or {}
     native = {CHOICE: "native", **dict.fromkeys(_native_changes())}
     if isa.get("pinned") or (not isa and cpu.get("capability") == "AVX2"):
-        return {CHOICE: "avx2", **KERNEL_PINS}, AVX2_MACHINES
+        numpy = {k: (isa.get("settings") or {}).get(k) or v for k, v in NUMPY_PINS.items()}
+        return {CHOICE: "avx2", **KERNEL_PINS, **numpy}, AVX2_MACHINES
     if isa.get("requested") == "user":
         return {CHOICE: None, **isa.get("settings", {})}, "only where those settings run"
     if not cpu:

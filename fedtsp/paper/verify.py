@@ -230,7 +230,7 @@ def verify(
     keys = [run_key(spec.config, source.datasets(spec.config)) for spec in specs]
     settings = [rerun_setting(record) for record, _ in chosen]
     reruns: dict[int, dict[str, Any] | None] = {}
-    failed = ""
+    failed: dict[int, str] = {}
     with tempfile.TemporaryDirectory(prefix="fedtsp-verify-") as tmp:
         groups: dict[tuple, list[int]] = {}
         for i, (variables, threads, _) in enumerate(settings):
@@ -240,7 +240,7 @@ def verify(
             try:
                 run_all([specs[i] for i in members], source, tmp, executor=executor)
             except RunsFailed as exc:  # the others finished: report each run for itself
-                failed = str(exc).splitlines()[0]
+                failed |= dict.fromkeys(members, str(exc).splitlines()[0])
             for i in members:
                 reruns[i] = RunStore(tmp).load(keys[i])
     checks = []
@@ -260,7 +260,7 @@ def verify(
         )
         new = reruns.get(i)
         if new is None:
-            check.error = failed
+            check.error = failed.get(i, "no record")
         else:
             check.differences, check.first_round = compare_histories(
                 record["history"], new["history"]
