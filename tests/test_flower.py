@@ -164,6 +164,8 @@ def test_three_supernode_processes_equal_the_simulator(tmp_path, tiny_data):
     assert record["engine"] == "flower-processes" and len(set(record["nodes"].values())) == 3
     stored = json.loads((tmp_path / "fl" / f"{record['key']}.json").read_text())
     assert stored["status"] == "complete" and stored["history"] == record["history"]
+    # The Flower processes inherit the AVX2 pins: the ServerApp's record says so.
+    assert stored["environment"]["isa"]["tag"] == "avx2 (pinned)"
 
 
 @pytest.mark.slow

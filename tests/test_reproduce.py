@@ -203,6 +203,9 @@ def test_smoke_reproduction_writes_every_artefact(smoke):
     assert "tinyimagenet left out (planned: synthetic data" in md
     summary = json.loads((out / "reproduce_summary.json").read_text())
     assert {nb["status"] for nb in summary["notebooks"].values()} == {"ok"}
+    # Every run, in the batch's workers or a notebook's kernel, ran the AVX2 pins.
+    records = [json.loads(p.read_text()) for p in (out / "runs").glob("*.json")]
+    assert records and {r["environment"]["isa"]["tag"] for r in records} == {"avx2 (pinned)"}
     skipped = summary["notebooks"]["03_main_table"]["skipped"]
     assert [(s["item"], s["planned"]) for s in skipped] == [("tinyimagenet", True)]
     index = (root / "results" / "README.md").read_text()
