@@ -366,11 +366,9 @@ def bench_isa(
     runs: dict[str, list[dict[str, Any]]] = {"native": [], "avx2": []}
     for _ in range(repeats):  # alternating, so a drift of the machine hits both alike
         for level, measured in runs.items():
-            env = {k: v for k, v in os.environ.items() if k not in isa.KERNEL_PINS}
-            env.pop("NPY_DISABLE_CPU_FEATURES", None)
-            env[isa.CHOICE] = level
-            if level == "avx2":  # set before this script imports torch
-                env |= isa.KERNEL_PINS | {k: env.get(k) or v for k, v in isa.NUMPY_PINS.items()}
+            # set before this script imports torch (it does, before fedtsp)
+            start = os.environ | isa.level_variables(level)
+            env = {k: v for k, v in start.items() if v is not None}
             argv = [sys.executable, __file__, "--part", "isa-level", "--batch", str(batch)]
             argv += ["--seconds", str(seconds)] + (["--data", data] if data else [])
             done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)

@@ -3,8 +3,8 @@
     python tools/regression_set.py record [--out tools/regression_set.json]
     python tools/regression_set.py check  [--out tools/regression_set.json] [--only NAME ...]
 
-``record`` runs, with the CPU kernels pinned to AVX2 (fedtsp.core.isa), every registered algorithm in each setting it is defined for, on real
-CIFAR-10 at a tiny scale (4 clients, 2 % of the images, 2 rounds, seeds 0 and 1), a few of
+``record`` runs, with the CPU kernels pinned to AVX2 (fedtsp.core.isa), every registered
+algorithm in each setting it is defined for, on real CIFAR-10 at a tiny scale (4 clients, 2 % of the images, 2 rounds, seeds 0 and 1), a few of
 them a second time interrupted after round 1 and resumed, and every FMCL benchmark method on
 a small CIFAR-100 label-groups population; it writes each run's history and summary (and a
 clustered method's clusters), without the timings. ``check``

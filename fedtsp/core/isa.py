@@ -31,6 +31,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from importlib import metadata
 from typing import Any
 
@@ -127,10 +128,7 @@ def choose(level: str) -> None:
             f"--isa {level} must be chosen before {' and '.join(loaded)} is imported; set "
             f"{CHOICE}={level} in the environment instead"
         )
-    changes: dict[str, str | None] = dict.fromkeys(_native_changes())
-    if level == "avx2":
-        changes = {**KERNEL_PINS, **{k: os.environ.get(k) or v for k, v in NUMPY_PINS.items()}}
-    _apply(changes | {CHOICE: level})
+    _apply(level_variables(level))
     _state = State(level, ())
 
 
@@ -214,6 +212,7 @@ def _numpy_levels() -> dict[str, Any]:
     return out
 
 
+@cache  # fixed for the process's life; asked once per record
 def versions() -> dict[str, str | None]:
     """The versions that decide a record's bits: torch (and its MKL and oneDNN), NumPy,
     SciPy, scikit-learn."""
@@ -247,15 +246,27 @@ def record_environment(record_env: Mapping[str, Any]) -> tuple[dict[str, str | N
     """
     isa = record_env.get("isa") or {}
     cpu = record_env.get("cpu") or {}
-    native = {CHOICE: "native", **dict.fromkeys(_native_changes())}
+    native = level_variables("native")
     if isa.get("pinned") or (not isa and cpu.get("capability") == "AVX2"):
-        numpy = {k: (isa.get("settings") or {}).get(k) or v for k, v in NUMPY_PINS.items()}
-        return {CHOICE: "avx2", **KERNEL_PINS, **numpy}, AVX2_MACHINES
+        return level_variables("avx2", isa.get("settings") or {}), AVX2_MACHINES
     if isa.get("requested") == "user":
         return {CHOICE: None, **isa.get("settings", {})}, "only where those settings run"
     if not cpu:
         return native, "only on the CPU class that made it (not recorded)"
     return native, f"only on {cpu_words(cpu)}"
+
+
+def level_variables(
+    level: str, numpy: Mapping[str, str | None] | None = None
+) -> dict[str, str | None]:
+    """The variables (None: unset) that start a process at ``level``: "avx2", the pins, with
+    NumPy's settings from ``numpy`` where it has them (default: this environment), else
+    ours; "native", none of the pins this process set."""
+    if level == "native":
+        return {CHOICE: "native", **dict.fromkeys(_native_changes())}
+    given = os.environ if numpy is None else numpy
+    numpy_pins = {k: given.get(k) or v for k, v in NUMPY_PINS.items()}
+    return {CHOICE: "avx2", **KERNEL_PINS, **numpy_pins}
 
 
 def _native_changes() -> list[str]:
